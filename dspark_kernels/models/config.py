@@ -1,0 +1,191 @@
+"""Target-model configuration parsed from a Hugging Face ``config.json`` (Qwen3 and Llama families).
+
+Only the fields the runtime needs are kept. Anything the runtime cannot reproduce exactly (another architecture, an
+unsupported RoPE scaling, a non-SiLU activation, sliding-window attention) is rejected with a ``ValueError`` that names
+the offending value, rather than silently producing different logits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ModelConfig", "SUPPORTED_MODEL_TYPES"]
+
+# model_type -> accepted ``architectures`` entries
+SUPPORTED_MODEL_TYPES: dict[str, tuple[str, ...]] = {
+    "qwen3": ("Qwen3ForCausalLM",),
+    "llama": ("LlamaForCausalLM",),
+}
+_SUPPORTED_ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Decoder-only transformer hyper-parameters.
+
+    ``rope_scaling`` holds the llama3 parameters (``factor``, ``low_freq_factor``, ``high_freq_factor``,
+    ``original_max_position_embeddings``) when ``rope_type == "llama3"``, else it is empty.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_scaling: dict[str, float] = field(default_factory=dict)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    max_position_embeddings: int | None = None
+
+    # ------------------------------------------------------------------ parsing
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], *, source: str = "config") -> "ModelConfig":
+        """Build from the parsed contents of a Hugging Face ``config.json``; ``source`` names it in errors."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        model_type = d.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"{source}: unsupported model_type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}"
+            )
+        archs = d.get("architectures") or []
+        allowed = SUPPORTED_MODEL_TYPES[model_type]
+        bad = [a for a in archs if a not in allowed]
+        if bad:
+            raise ValueError(f"{source}: unsupported architecture {bad[0]!r} for model_type {model_type!r}; "
+                             f"supported: {list(allowed)}")
+
+        def req(key: str) -> Any:
+            if key not in d or d[key] is None:
+                raise ValueError(f"{source}: missing required field {key!r}")
+            return d[key]
+
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"{source}: unsupported hidden_act {act!r}; only 'silu' (SwiGLU) is supported")
+        if d.get("use_sliding_window"):
+            raise ValueError(f"{source}: sliding-window attention (use_sliding_window=true) is not supported")
+
+        hidden = int(req("hidden_size"))
+        heads = int(req("num_attention_heads"))
+        kv_heads = int(d.get("num_key_value_heads") or heads)
+        head_dim = d.get("head_dim")
+        if head_dim is None:
+            if hidden % heads:
+                raise ValueError(f"{source}: hidden_size {hidden} not divisible by num_attention_heads {heads}")
+            head_dim = hidden // heads
+        if heads % kv_heads:
+            raise ValueError(f"{source}: num_attention_heads {heads} must be a multiple of num_key_value_heads "
+                             f"{kv_heads}")
+
+        theta, rope_type, scaling = cls._parse_rope(d, source)
+        cfg = cls(
+            model_type=model_type,
+            vocab_size=int(req("vocab_size")),
+            hidden_size=hidden,
+            intermediate_size=int(req("intermediate_size")),
+            num_hidden_layers=int(req("num_hidden_layers")),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_type=rope_type,
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_ids=_eos_ids(d.get("eos_token_id")),
+            max_position_embeddings=d.get("max_position_embeddings"),
+        )
+        if head_dim % 2:
+            raise ValueError(f"{source}: head_dim must be even for RoPE, got {head_dim}")
+        return cfg
+
+    @staticmethod
+    def _parse_rope(d: dict[str, Any], source: str) -> tuple[float, str, dict[str, float]]:
+        """Accept transformers-5 ``rope_parameters`` and the older ``rope_theta`` + ``rope_scaling`` pair."""
+        params = d.get("rope_parameters")
+        if params is not None and not isinstance(params, dict):
+            raise ValueError(f"{source}: rope_parameters must be an object, got {type(params).__name__}")
+        if params and "full_attention" in params and isinstance(params["full_attention"], dict):
+            params = params["full_attention"]  # per-layer-type form
+        params = dict(params or {})
+        legacy = d.get("rope_scaling") or {}
+        if not isinstance(legacy, dict):
+            raise ValueError(f"{source}: rope_scaling must be an object, got {type(legacy).__name__}")
+        merged = {**legacy, **params}
+        theta = merged.get("rope_theta", d.get("rope_theta", 10000.0))
+        rope_type = merged.get("rope_type", merged.get("type", "default"))
+        if rope_type not in _SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"{source}: unsupported rope_type {rope_type!r}; supported: {list(_SUPPORTED_ROPE_TYPES)}")
+        if float(merged.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError(f"{source}: partial_rotary_factor != 1 is not supported")
+        scaling: dict[str, float] = {}
+        if rope_type == "llama3":
+            missing = [k for k in _LLAMA3_KEYS if k not in merged]
+            if missing:
+                raise ValueError(f"{source}: llama3 rope scaling is missing {missing}")
+            scaling = {k: float(merged[k]) for k in _LLAMA3_KEYS}
+        return float(theta), str(rope_type), scaling
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> "ModelConfig":
+        """Read and parse ``config.json``; errors name the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file not found: {path}")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cannot parse config file {path}: {e}") from e
+        return cls.from_dict(data, source=str(path))
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def num_kv_groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def inv_freq(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """RoPE inverse frequencies ``[head_dim // 2]`` float32, with llama3 wavelength-dependent scaling if set."""
+        dim = self.head_dim
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        if self.rope_type == "llama3":
+            s = self.rope_scaling
+            factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+            old_ctx = s["original_max_position_embeddings"]
+            low_wl, high_wl = old_ctx / lo, old_ctx / hi
+            wavelen = 2 * math.pi / inv
+            scaled = torch.where(wavelen > low_wl, inv / factor, inv)
+            smooth = (old_ctx / wavelen - lo) / (hi - lo)
+            blended = (1 - smooth) * scaled / factor + smooth * scaled
+            medium = (wavelen >= high_wl) & (wavelen <= low_wl)
+            inv = torch.where(medium, blended, scaled)
+        return inv.to(device)

@@ -1,0 +1,231 @@
+"""Verify attention: the new tokens of every request attend causally to that request's paged KV cache.
+
+Layout (FlashAttention varlen convention):
+    q            [total_q, Hq, D]                     new tokens of all requests, flattened by ``cu_seqlens_q``
+    k_cache      [num_pages, page_size, Hkv, D]       paged keys; already holds the new tokens' keys
+    v_cache      [num_pages, page_size, Hkv, D]       paged values, same layout
+    page_table   [R, max_pages] int32/int64           page ids of each request, in token order
+    cu_seqlens_q [R + 1] int32/int64                  offsets of each request's new tokens in ``q``
+    seq_lens     [R] int32/int64                      KV length of each request including its new tokens
+    out          [total_q, Hq, D]                     same dtype as ``q``
+
+New token i of request r sits at absolute position ``seq_lens[r] - q_len_r + i`` and attends keys ``0..pos``.
+This one op serves prefill (q_len = prompt), decode (q_len = 1) and verify (q_len = 1 + draft length).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..autotune.store import launch_config
+from ..reference.verify_attention import verify_attention_ref
+from ._dispatch import resolve_impl, triton_interpreted
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
+
+__all__ = ["verify_attention", "verify_attention_triton"]
+
+
+def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens) -> None:
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    dev = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=dev)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=INDEX_DTYPES, device=dev)
+    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+    total_q, hq, d = q.shape
+    num_pages, page_size, hkv, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"k_cache head_dim must equal q head_dim {d}, got {dk}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache kv heads ({hkv}) for GQA")
+    r = seq_lens.shape[0]
+    check_shape("cu_seqlens_q", cu_seqlens_q, (r + 1,))
+    check_shape("page_table", page_table, (r, None))
+    cu = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)
+    lens = seq_lens.detach().to("cpu", torch.int64)
+    q_lens = cu[1:] - cu[:-1]
+    if bool((lens < q_lens).any()):
+        raise ValueError(f"seq_lens must be >= each request's query length {q_lens.tolist()}, got {lens.tolist()}")
+    if r and int(lens.max()) > page_table.shape[1] * page_size:
+        raise ValueError(
+            f"seq_lens (max {int(lens.max())}) exceeds page_table capacity {page_table.shape[1]} pages x {page_size}"
+        )
+
+
+def verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    impl: str | None = None,
+    check_inputs: bool = True,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:
+    """Ragged causal attention over a paged KV cache; see the module docstring for shapes.
+
+    ``check_inputs=False`` skips validation (it reads ``cu_seqlens_q``/``seq_lens`` on the host) for hot loops and
+    CUDA-graph capture; pass ``max_seqlen_q`` too so the Triton launch needs no host sync. Inputs are never modified.
+    """
+    if check_inputs:
+        _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
+    scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
+    if resolve_impl(impl, q.device) == "triton":
+        return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q)
+    return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale)
+
+
+_DEFAULTS = {
+    # decode/verify: few query rows per (request, kv head); prefill: long query tiles
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    "prefill": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+}
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU path needs no Triton
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _verify_attention_kernel(
+        Q, K, V, O, PT, CU, SL,
+        qk_scale,
+        stride_qt, stride_qh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_ot, stride_oh,
+        stride_pt,
+        PAGE_SIZE: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
+        DOT_F32: tl.constexpr,
+    ):
+        """One program = one request x one KV head x BLOCK_M rows of (new token, query head in the GQA group).
+
+        Packing the GQA group into the M dimension gives decode (1 token, GROUP heads) a real tile for tl.dot.
+        Keys/values are gathered page by page; softmax is online (FlashAttention-style) in fp32, with exp2.
+        """
+        r = tl.program_id(0)
+        kvh = tl.program_id(1)
+        mb = tl.program_id(2)
+        q_start = tl.load(CU + r).to(tl.int64)
+        q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
+        kv_len = tl.load(SL + r).to(tl.int64)
+        if mb * BLOCK_M >= q_len * GROUP:
+            return
+
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok = rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        row_ok = tok < q_len
+        q_pos = kv_len - q_len + tok  # absolute position of each row's token
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+
+        q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        if DOT_F32:
+            q = q.to(tl.float32)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        # keys past the last row's position are never visible: stop the loop there
+        last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+        hi = kv_len - q_len + last_tok + 1
+        for start in range(0, hi, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < hi
+            page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            slot = (n % PAGE_SIZE).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(
+                K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                mask=kv_mask, other=0.0,
+            )
+            if DOT_F32:
+                k = k.to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(
+                V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                mask=kv_mask, other=0.0,
+            )
+            if DOT_F32:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+
+        out = acc / l_i[:, None]
+        o_ptrs = O + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def verify_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:
+    """Launch the Triton kernel; same contract as :func:`verify_attention_ref`.
+
+    ``max_seqlen_q`` (the longest query of the batch) sizes the grid; when omitted it is read from
+    ``cu_seqlens_q`` (one host sync).
+    """
+    total_q, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    group = hq // hkv
+    out = torch.empty_like(q)
+    n_req = seq_lens.shape[0]
+    if total_q == 0 or n_req == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    rows = max_seqlen_q * group
+    bucket = "decode" if rows <= 16 else "prefill"
+    cfg = launch_config("verify_attention", _DEFAULTS[bucket], q.device, bucket)
+    block_m = cfg["BLOCK_M"]
+    q = q.contiguous() if q.stride(-1) != 1 else q
+    grid = (n_req, hkv, triton.cdiv(rows, block_m))
+    _verify_attention_kernel[grid](
+        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
+        sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        page_table.stride(0),
+        PAGE_SIZE=page_size,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=block_m,
+        BLOCK_N=cfg["BLOCK_N"],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # Triton's CPU interpreter computes bf16 tl.dot wrongly (it has no bf16 matmul); upcast there only
+        DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out

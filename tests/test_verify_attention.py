@@ -1,0 +1,170 @@
+"""verify_attention: Triton (interpreted on CPU) vs the PyTorch reference, a dense oracle, and bad input."""
+
+import math
+
+import pytest
+import torch
+
+from dspark_kernels.ops import verify_attention
+
+
+def make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size, dtype=torch.float32, seed=0):
+    """Random ragged batch with pages scattered in a shuffled pool; returns the op's inputs."""
+    g = torch.Generator().manual_seed(seed)
+    pages_per_req = [math.ceil(n / page_size) for n in kv_lens]
+    num_pages = sum(pages_per_req) + 3  # a few unused pages
+    perm = torch.randperm(num_pages, generator=g)
+    max_pages = max(max(pages_per_req), 1)
+    page_table = torch.zeros(len(kv_lens), max_pages, dtype=torch.int32)
+    used = 0
+    for r, n in enumerate(pages_per_req):
+        page_table[r, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    k_cache = torch.randn(num_pages, page_size, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(num_pages, page_size, hkv, d, generator=g).to(dtype)
+    q = torch.randn(sum(q_lens), hq, d, generator=g).to(dtype)
+    cu = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0).tolist()), dtype=torch.int32)
+    seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
+    return q, k_cache, v_cache, page_table, cu, seq_lens
+
+
+def dense_oracle(q, k_cache, v_cache, page_table, cu, seq_lens):
+    """Independent check: unpage into contiguous K/V per request and use torch's SDPA with an explicit mask."""
+    out = torch.empty_like(q, dtype=torch.float32)
+    page_size = k_cache.shape[1]
+    group = q.shape[1] // k_cache.shape[2]
+    for r in range(seq_lens.numel()):
+        q0, q1, n = int(cu[r]), int(cu[r + 1]), int(seq_lens[r])
+        if q1 == q0:
+            continue
+        pages = page_table[r, : math.ceil(n / page_size)].long()
+        k = k_cache[pages].reshape(-1, *k_cache.shape[2:])[:n].float()
+        v = v_cache[pages].reshape(-1, *v_cache.shape[2:])[:n].float()
+        k = k.repeat_interleave(group, 1).transpose(0, 1)
+        v = v.repeat_interleave(group, 1).transpose(0, 1)
+        qq = q[q0:q1].float().transpose(0, 1)
+        qpos = torch.arange(n - (q1 - q0), n)[:, None]
+        mask = torch.arange(n)[None, :] <= qpos
+        o = torch.nn.functional.scaled_dot_product_attention(qq, k, v, attn_mask=mask)
+        out[q0:q1] = o.transpose(0, 1)
+    return out
+
+
+def assert_close_ratio(ref, tri, ratio):
+    """FLA-style: RMS(diff) / RMS(ref) below ratio, and no NaN."""
+    assert not torch.isnan(tri).any()
+    diff = (ref.float() - tri.float()).pow(2).mean().sqrt()
+    base = ref.float().pow(2).mean().sqrt().clamp_min(1e-12)
+    assert float(diff / base) <= ratio, f"relative RMS error {float(diff / base):.3e} > {ratio}"
+
+
+CASES = [
+    # q_lens, kv_lens, hq, hkv, d, page_size
+    pytest.param([1], [1], 4, 4, 64, 16, id="ctx1-decode-mha"),
+    pytest.param([1, 1, 1], [1, 17, 40], 8, 4, 64, 16, id="decode-gqa2"),
+    pytest.param([5, 8, 1, 3], [5, 30, 64, 3], 8, 2, 64, 8, id="ragged-verify-gqa4"),
+    pytest.param([8, 2], [100, 2], 8, 1, 128, 16, id="verify-gqa8-d128"),
+    pytest.param([0, 4, 0, 1], [7, 4, 3, 1], 4, 2, 64, 4, id="empty-requests"),
+    pytest.param([37], [37], 2, 2, 64, 16, id="prefill-odd"),
+    pytest.param([16, 1], [300, 513], 4, 1, 128, 32, id="long-context"),
+]
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)
+def test_reference_matches_dense_oracle(q_lens, kv_lens, hq, hkv, d, page_size):
+    args = make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size)
+    ref = verify_attention(*args, impl="torch")
+    oracle = dense_oracle(*args)
+    torch.testing.assert_close(ref, oracle, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)
+def test_triton_matches_reference_fp32(q_lens, kv_lens, hq, hkv, d, page_size):
+    args = make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size)
+    ref = verify_attention(*args, impl="torch")
+    tri = verify_attention(*args, impl="triton")
+    torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,ratio", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_triton_matches_reference_half(dtype, ratio):
+    args = make_paged_batch([3, 1, 8], [40, 9, 70], 8, 2, 64, 16, dtype=dtype)
+    ref = verify_attention(*args, impl="torch")
+    tri = verify_attention(*args, impl="triton")
+    assert tri.dtype == dtype
+    assert_close_ratio(ref, tri, ratio)
+
+
+def test_sm_scale_and_max_seqlen_hint():
+    args = make_paged_batch([2, 3], [10, 6], 4, 2, 64, 4)
+    ref = verify_attention(*args, sm_scale=0.3, impl="torch")
+    tri = verify_attention(*args, sm_scale=0.3, impl="triton", max_seqlen_q=3, check_inputs=False)
+    torch.testing.assert_close(tri, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_causality_future_keys_do_not_leak():
+    """Changing K/V at positions after a query's own position must not change its output."""
+    q, k, v, pt, cu, sl = make_paged_batch([4], [10], 2, 1, 64, 4)
+    out1 = verify_attention(q, k, v, pt, cu, sl, impl="triton")
+    k2, v2 = k.clone(), v.clone()
+    # position 9 (the last new token) lives in page pt[0, 2], slot 1
+    k2[pt[0, 2], 1] += 5.0
+    v2[pt[0, 2], 1] -= 5.0
+    out2 = verify_attention(q, k2, v2, pt, cu, sl, impl="triton")
+    torch.testing.assert_close(out1[:3], out2[:3])
+    assert not torch.allclose(out1[3], out2[3])
+
+
+def test_inputs_not_mutated():
+    args = make_paged_batch([3, 2], [9, 4], 4, 2, 64, 4)
+    before = [a.clone() for a in args]
+    verify_attention(*args, impl="triton")
+    verify_attention(*args, impl="torch")
+    for a, b in zip(args, before):
+        assert torch.equal(a, b)
+
+
+def test_impl_env_override(monkeypatch):
+    args = make_paged_batch([1], [3], 2, 2, 64, 4)
+    monkeypatch.setenv("DSPARK_IMPL", "bogus")
+    with pytest.raises(ValueError, match="DSPARK_IMPL"):
+        verify_attention(*args)
+    monkeypatch.setenv("DSPARK_IMPL", "triton")
+    torch.testing.assert_close(verify_attention(*args), verify_attention(*args, impl="torch"), rtol=1e-5, atol=1e-5)
+
+
+def _bad(fn):
+    q, k, v, pt, cu, sl = make_paged_batch([2, 1], [5, 3], 4, 2, 64, 4)
+    kw = dict(q=q, k_cache=k, v_cache=v, page_table=pt, cu_seqlens_q=cu, seq_lens=sl)
+    fn(kw)
+    return kw
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda kw: kw.update(q=kw["q"][0]), "q must be 3-D"),
+        (lambda kw: kw.update(q=kw["q"].long()), "q must have dtype"),
+        (lambda kw: kw.update(k_cache=kw["k_cache"].half()), "k_cache must have dtype"),
+        (lambda kw: kw.update(v_cache=kw["v_cache"][:, :2]), "v_cache must have shape"),
+        (lambda kw: kw.update(k_cache=kw["k_cache"][..., :32], v_cache=kw["v_cache"][..., :32]), "head_dim"),
+        (lambda kw: kw.update(q=kw["q"][:, :3]), "multiple of k_cache kv heads"),
+        (lambda kw: kw.update(page_table=kw["page_table"].float()), "page_table must have dtype"),
+        (lambda kw: kw.update(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)), r"cu_seqlens_q\[-1\]"),
+        (lambda kw: kw.update(cu_seqlens_q=torch.tensor([1, 2, 3], dtype=torch.int32)), r"cu_seqlens_q\[0\]"),
+        (lambda kw: kw.update(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), "cu_seqlens_q must have shape"),
+        (lambda kw: kw.update(seq_lens=torch.tensor([1, 3], dtype=torch.int32)), "seq_lens must be >="),
+        (lambda kw: kw.update(seq_lens=torch.tensor([50, 3], dtype=torch.int32)), "page_table capacity"),
+        (lambda kw: kw.update(q=kw["q"].to("meta")), "must be on device"),
+    ],
+)
+def test_bad_input(mutate, match):
+    kw = _bad(mutate)
+    with pytest.raises((ValueError, TypeError), match=match):
+        verify_attention(**kw, impl="torch")
+
+
+def test_bad_impl_name():
+    q, k, v, pt, cu, sl = make_paged_batch([1], [1], 2, 2, 64, 4)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        verify_attention(q, k, v, pt, cu, sl, impl="cuda")
