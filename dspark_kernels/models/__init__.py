@@ -1,0 +1,19 @@
+"""Target-model runtime: config parsing, checkpoint I/O, paged KV cache, the Qwen3/Llama forward and generation."""
+
+from .checkpoint import CheckpointError, expected_shapes, load_config, load_state_dict
+from .config import ModelConfig
+from .kv_cache import OutOfPagesError, PagedKVCache
+from .transformer import CausalLM, ForwardOutput, load_model
+
+__all__ = [
+    "CausalLM",
+    "CheckpointError",
+    "ForwardOutput",
+    "ModelConfig",
+    "OutOfPagesError",
+    "PagedKVCache",
+    "expected_shapes",
+    "load_config",
+    "load_model",
+    "load_state_dict",
+]
