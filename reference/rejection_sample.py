@@ -1,0 +1,180 @@
+"""Reference for lossless speculative sampling (the rejection/verification step), ragged over requests.
+
+Vectorised over requests and drafts (no Python loop over requests), so the statistical tests can push millions of
+requests through it. The semantics are documented in :mod:`dspark_kernels.ops.rejection_sample`; this module uses the
+same formulas as the Triton kernels so that integer outputs agree.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+RESIDUAL_EPS = 1e-8
+
+
+class RejectionResult(NamedTuple):
+    """``output_token_ids`` ``[R, max_spec_len + 1]`` int64, -1 after the emitted tokens;
+    ``num_accepted`` ``[R]`` int32, accepted drafts per request (the emitted count is ``num_accepted + 1``)."""
+
+    output_token_ids: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+def _ragged_maps(cu: torch.Tensor, num_drafts: int) -> tuple[torch.Tensor, ...]:
+    """Index maps of the ragged layout (no host sync).
+
+    Returns ``lens [R]``, ``row_req [N + R]`` (request of each target row), ``draft_req [N]`` (request of each draft),
+    ``draft_pos [N]`` (position of each draft inside its request) and ``draft_row [N]`` (target row of each draft).
+    """
+    r = cu.numel() - 1
+    req = torch.arange(r, device=cu.device)
+    lens = cu[1:] - cu[:-1]
+    row_req = torch.repeat_interleave(req, lens + 1, output_size=num_drafts + r)
+    draft_req = torch.repeat_interleave(req, lens, output_size=num_drafts)
+    draft_idx = torch.arange(num_drafts, device=cu.device)
+    return lens, row_req, draft_req, draft_idx - cu[draft_req], draft_idx + draft_req
+
+
+def _top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """``[rows, V]`` mask of tokens whose value is >= the row's k-th largest (k = 0 or k >= V keeps all)."""
+    v = scaled.shape[1]
+    keep = torch.ones_like(scaled, dtype=torch.bool)
+    rows = ((top_k > 0) & (top_k < v)).nonzero().squeeze(1)
+    if rows.numel():
+        sub = scaled[rows]
+        kth = sub.sort(dim=1, descending=True).values.gather(1, (top_k[rows] - 1)[:, None])
+        keep[rows] = sub >= kth
+    return keep
+
+
+def _top_p_keep(e: torch.Tensor, z: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``[rows, V]`` mask ``e >= t*`` with ``t*`` the largest ``t`` such that ``sum(e[e >= t]) >= top_p * z``."""
+    keep = torch.ones_like(e, dtype=torch.bool)
+    rows = (top_p < 1).nonzero().squeeze(1)
+    if rows.numel():
+        sub = e[rows]
+        desc = sub.sort(dim=1, descending=True).values
+        need = (top_p[rows] * z[rows])[:, None]
+        first = (desc.cumsum(dim=1) < need).sum(dim=1, keepdim=True).clamp(max=e.shape[1] - 1)
+        keep[rows] = sub >= desc.gather(1, first)
+    return keep
+
+
+def target_probs_ref(
+    target_logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Filtered target distributions ``[rows, V]`` float32 from logits ``[rows, V]`` and per-row parameters ``[rows]``.
+
+    Rows with temperature 0 are computed at temperature 1 (their probabilities are unused: greedy rows use argmax).
+    """
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    scaled = target_logits.float() / t[:, None]
+    keep = _top_k_keep(scaled, top_k.long()) if top_k is not None else torch.ones_like(scaled, dtype=torch.bool)
+    m = scaled.max(dim=1, keepdim=True).values
+    e = torch.where(keep, torch.exp(scaled - m), torch.zeros_like(scaled))
+    if top_p is not None:
+        e = torch.where(_top_p_keep(e, e.sum(dim=1), top_p.float()), e, torch.zeros_like(e))
+    return e / e.sum(dim=1, keepdim=True)
+
+
+def inverse_cdf_ref(w: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of non-negative weights ``w [rows, V]``: smallest ``i`` with ``w[i] > 0`` and
+    ``cumsum(w)[i] > u * sum(w)``; if none (rounding), the last index with positive weight. Returns int64 ``[rows]``."""
+    idx = torch.arange(w.shape[1], device=w.device)
+    pos = w > 0
+    hit = (w.cumsum(dim=1) > (u * w.sum(dim=1))[:, None]) & pos
+    last = torch.where(pos, idx, -1).max(dim=1).values
+    return torch.where(hit.any(dim=1), hit.int().argmax(dim=1), last)
+
+
+def _correction_weights(
+    probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    x: torch.Tensor,
+    rejected: torch.Tensor,
+    final_row: torch.Tensor,
+    rej_draft: torch.Tensor,
+) -> torch.Tensor:
+    """Weights ``[R, V]`` of the last emitted token: the residual ``max(0, p_t - p_d)`` where a draft was rejected
+    (unless its mass is <= ``RESIDUAL_EPS``), else ``p_t`` of the request's final row."""
+    pt = probs[final_row]
+    if x.numel() == 0:
+        return pt
+    rej_draft = rej_draft.clamp(max=x.numel() - 1)
+    if draft_probs is None:
+        pd = torch.nn.functional.one_hot(x[rej_draft], pt.shape[1]).to(pt.dtype)
+    else:
+        pd = draft_probs[rej_draft].float()
+    resid = (pt - pd).clamp(min=0)
+    use_resid = rejected & (resid.sum(dim=1) > RESIDUAL_EPS)
+    return torch.where(use_resid[:, None], resid, pt)
+
+
+def _bump_counters(counter: torch.Tensor | None, counts: torch.Tensor, max_spec_len: int) -> None:
+    """``counter[j] += #requests with counts > j`` (in place)."""
+    if counter is not None:
+        pos = torch.arange(max_spec_len, device=counts.device)
+        counter += (counts[:, None] > pos).sum(dim=0).to(counter.dtype)
+
+
+def rejection_sample_ref(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    accept_uniforms: torch.Tensor | None,
+    sample_uniforms: torch.Tensor | None,
+    *,
+    max_spec_len: int,
+    accept_counter: torch.Tensor | None = None,
+    draft_counter: torch.Tensor | None = None,
+) -> RejectionResult:
+    """Verify the drafts of every request against the target and emit accepted drafts plus one correction/bonus token.
+
+    Shapes as in :func:`dspark_kernels.ops.rejection_sample`; inputs are assumed valid. Only the counters are written.
+    """
+    n, v = draft_token_ids.numel(), target_logits.shape[1]
+    r = cu_num_draft_tokens.numel() - 1
+    dev = target_logits.device
+    cu = cu_num_draft_tokens.long()
+    lens, row_req, draft_req, draft_pos, draft_row = _ragged_maps(cu, n)
+    greedy = temperature == 0
+    probs = target_probs_ref(
+        target_logits,
+        temperature[row_req],
+        top_k[row_req] if top_k is not None else None,
+        top_p[row_req] if top_p is not None else None,
+    )
+    argmax = target_logits.argmax(dim=1)
+
+    x = draft_token_ids.long()
+    if accept_uniforms is not None:
+        pd_x = draft_probs.gather(1, x[:, None]).squeeze(1) if draft_probs is not None else 1.0
+        stochastic_ok = accept_uniforms * pd_x < probs[draft_row, x]
+    else:
+        stochastic_ok = torch.zeros_like(x, dtype=torch.bool)
+    ok = torch.where(greedy[draft_req], x == argmax[draft_row], stochastic_ok)
+    ok_padded = torch.zeros(r, max_spec_len, dtype=torch.bool, device=dev)
+    ok_padded[draft_req, draft_pos] = ok
+    num_acc = ok_padded.long().cumprod(dim=1).sum(dim=1)
+
+    final_row = cu[:-1] + torch.arange(r, device=dev) + num_acc
+    rejected = num_acc < lens
+    w = _correction_weights(probs, draft_probs, x, rejected, final_row, cu[:-1] + num_acc)
+    u = sample_uniforms[final_row] if sample_uniforms is not None else torch.zeros(r, device=dev)
+    last_token = torch.where(greedy, argmax[final_row], inverse_cdf_ref(w, u))
+
+    drafts_padded = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
+    drafts_padded[draft_req, draft_pos] = x
+    pos = torch.arange(max_spec_len + 1, device=dev)
+    out = torch.where(pos < num_acc[:, None], drafts_padded, torch.full_like(drafts_padded, -1))
+    out.scatter_(1, num_acc[:, None], last_token[:, None])
+
+    _bump_counters(draft_counter, lens, max_spec_len)
+    _bump_counters(accept_counter, num_acc, max_spec_len)
+    return RejectionResult(out, num_acc.to(torch.int32))
