@@ -308,3 +308,42 @@ def test_forward_bad_input(loaded):
     with pytest.raises(OutOfPagesError):
         model(torch.arange(9), torch.tensor([0, 9]), [0], cache)
     assert cache.length(0) == 0 and cache.num_free_pages == 2  # failed calls leave the cache untouched
+
+
+# ---------------------------------------------------------------------------------------------------- generate
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                          pad_token_id=0, min_new_tokens=n)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("kind", ("qwen3", "llama"))
+def test_generate_greedy_matches_hf_and_batching(checkpoints, loaded, kind):
+    from dspark_kernels.models import generate
+
+    hf, model = checkpoints[kind][0], loaded[kind]
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (7, 3, 12)]
+    batched = generate(model, prompts, max_new_tokens=10, page_size=4)
+    assert batched.steps == 10 and batched.finish_reasons == ["length"] * 3
+    for p, toks in zip(prompts, batched.tokens):
+        assert toks == _hf_greedy(hf, p, 10)
+        assert generate(model, [p], max_new_tokens=10, page_size=4).tokens == [toks]
+
+
+def test_generate_eos_stops_request(loaded):
+    from dspark_kernels.models import generate
+
+    model = loaded["qwen3"]
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (5, 9)]
+    full = generate(model, prompts, max_new_tokens=8).tokens
+    eos = full[0][2]  # request 0 stops at its third token (request 1 stops wherever eos first appears, if at all)
+    res = generate(model, prompts, max_new_tokens=8, eos_token_id=eos)
+    assert res.tokens[0] == full[0][:3] and res.finish_reasons[0] == "eos"
+    cut = full[1].index(eos) + 1 if eos in full[1] else 8
+    assert res.tokens[1] == full[1][:cut]
+    assert generate(model, prompts, max_new_tokens=0).tokens == [[], []]
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        generate(model, [[1], []], max_new_tokens=2)

@@ -2,6 +2,7 @@
 
 from .checkpoint import CheckpointError, expected_shapes, load_config, load_state_dict
 from .config import ModelConfig
+from .generate import GenerateResult, generate
 from .kv_cache import OutOfPagesError, PagedKVCache
 from .transformer import CausalLM, ForwardOutput, load_model
 
@@ -9,10 +10,12 @@ __all__ = [
     "CausalLM",
     "CheckpointError",
     "ForwardOutput",
+    "GenerateResult",
     "ModelConfig",
     "OutOfPagesError",
     "PagedKVCache",
     "expected_shapes",
+    "generate",
     "load_config",
     "load_model",
     "load_state_dict",

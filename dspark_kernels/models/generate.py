@@ -1,0 +1,172 @@
+"""Plain batched autoregressive generation with the target model (the non-speculative baseline).
+
+One ragged prefill forward for all prompts, then decode steps that feed one token per live request. Greedy at
+temperature 0; otherwise each request samples with its own temperature / top-k / top-p through the project's sampler
+op (:func:`dspark_kernels.ops.rejection_sample` with zero drafts), with counter-based noise from per-request seeds, so
+a request's output does not depend on what it is batched with.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .transformer import CausalLM
+
+__all__ = ["GenerateResult", "generate"]
+
+
+@dataclass
+class GenerateResult:
+    """``tokens[i]``: new tokens of prompt ``i`` (EOS included when hit); ``finish_reasons[i]``: "eos" | "length";
+    ``steps``: forward passes (prefill included); ``elapsed_s``: wall time; ``prefill_s``: time of the prefill step."""
+
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    steps: int
+    elapsed_s: float
+    prefill_s: float
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def _per_request(name: str, value, n: int, cast) -> list:
+    if isinstance(value, (int, float)):
+        return [cast(value)] * n
+    vals = [cast(v) for v in value]
+    if len(vals) != n:
+        raise ValueError(f"{name} must be a scalar or have one entry per prompt ({n}), got {len(vals)}")
+    return vals
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Sampler:
+    """Picks the next token of each request from its logits row (argmax, or the sampler op with zero drafts)."""
+
+    def __init__(self, temperature, top_k, top_p, seeds, n, device, impl):
+        self.temperature = _per_request("temperature", temperature, n, float)
+        self.top_k = _per_request("top_k", top_k, n, int)
+        self.top_p = _per_request("top_p", top_p, n, float)
+        for t, k, p in zip(self.temperature, self.top_k, self.top_p):
+            if t < 0 or k < 0 or not 0 < p <= 1:
+                raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {t}, {k}, {p}")
+        self.greedy = all(t == 0 for t in self.temperature)
+        if seeds is None:
+            seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()
+        self.seeds = _per_request("seeds", seeds, n, int)
+        self.device, self.impl = device, impl
+        if not self.greedy:
+            try:
+                from ..ops.rejection_sample import rejection_noise, rejection_sample
+            except ImportError as e:  # pragma: no cover - depends on the sampler op being installed
+                raise NotImplementedError("sampling (temperature > 0) needs dspark_kernels.ops.rejection_sample") from e
+            self._sample, self._noise = rejection_sample, rejection_noise
+
+    def __call__(self, logits: torch.Tensor, reqs: list[int], offsets: list[int]) -> list[int]:
+        """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far."""
+        if self.greedy:
+            return logits.argmax(dim=-1).tolist()
+        dev, r = logits.device, len(reqs)
+        cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
+        seeds = torch.tensor([self.seeds[i] for i in reqs], dtype=torch.int64, device=dev)
+        offs = torch.tensor(offsets, dtype=torch.int64, device=dev)
+        accept_u, sample_u = self._noise(seeds, offs, cu, 0)
+        out, _ = self._sample(
+            torch.zeros(0, dtype=torch.int64, device=dev),
+            cu,
+            None,
+            logits,
+            torch.tensor([self.temperature[i] for i in reqs], dtype=torch.float32, device=dev),
+            torch.tensor([self.top_k[i] for i in reqs], dtype=torch.int32, device=dev),
+            torch.tensor([self.top_p[i] for i in reqs], dtype=torch.float32, device=dev),
+            accept_u,
+            sample_u,
+            max_spec_len=0,
+            impl=self.impl,
+        )
+        return out[:, 0].tolist()
+
+
+def generate(
+    model: CausalLM,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    seeds: Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    page_size: int = 16,
+    impl: str | None = None,
+) -> GenerateResult:
+    """Generate up to ``max_new_tokens`` tokens after each prompt.
+
+    Args:
+        model: target model.
+        prompts: token-id lists (each non-empty).
+        max_new_tokens: per-request cap on new tokens.
+        temperature, top_k, top_p: scalars or one value per prompt (0 / 0 / 1 = off); temperature 0 is greedy.
+        seeds: one int per prompt for reproducible sampling (``None``: drawn from torch's global RNG).
+        eos_token_id: stop token id(s); ``None`` never stops early.
+        page_size: KV-cache page size (the cache is sized for every prompt plus ``max_new_tokens``).
+        impl: kernel implementation for attention / sampling (``None``: by device).
+    Returns:
+        :class:`GenerateResult`.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    prompts = [list(p) for p in prompts]
+    n = len(prompts)
+    for i, p in enumerate(prompts):
+        if not p:
+            raise ValueError(f"prompt {i} is empty")
+    eos = set() if eos_token_id is None else ({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+    dev = model.device
+    sampler = _Sampler(temperature, top_k, top_p, seeds, n, dev, impl)
+    out: list[list[int]] = [[] for _ in range(n)]
+    reasons = ["length"] * n
+    t0 = time.perf_counter()
+    if n == 0 or max_new_tokens == 0:
+        return GenerateResult(out, reasons, 0, 0.0, 0.0)
+
+    num_pages = sum(-(-(len(p) + max_new_tokens) // page_size) for p in prompts)
+    cache = model.new_cache(num_pages, page_size)
+    for i in range(n):
+        cache.add_request(i)
+
+    live = list(range(n))
+    feed = prompts
+    steps, prefill_s = 0, 0.0
+    while live:
+        lens = [len(f) for f in feed]
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+        ids = torch.tensor([t for f in feed for t in f], dtype=torch.int64, device=dev)
+        last = (cu[1:] - 1).long()
+        logits = model(ids, cu, live, cache, logits_indices=last, impl=impl, check_inputs=steps == 0).logits
+        steps += 1
+        nxt = sampler(logits, live, [len(out[i]) for i in live])
+        if steps == 1:
+            _sync(dev)
+            prefill_s = time.perf_counter() - t0
+        still = []
+        for i, tok in zip(live, nxt):
+            out[i].append(tok)
+            if tok in eos:
+                reasons[i] = "eos"
+            elif len(out[i]) < max_new_tokens:
+                still.append(i)
+                continue
+            cache.free(i)
+        live = still
+        feed = [[out[i][-1]] for i in live]
+    _sync(dev)
+    return GenerateResult(out, reasons, steps, time.perf_counter() - t0, prefill_s)
