@@ -1,0 +1,1 @@
+"""Offline training pipeline: corpus, tokenizer, target model, rollouts (and, later, the drafter)."""
