@@ -90,7 +90,7 @@ class Attention(nn.Module):
         cache.write(layer, ctx.slots, k, v)
         o = verify_attention(
             q, cache.k[layer], cache.v[layer], ctx.page_table, ctx.cu_seqlens_q, ctx.seq_lens,
-            impl=ctx.impl, check_inputs=ctx.check_inputs,
+            impl=ctx.impl, check_inputs=ctx.check_inputs, max_seqlen_q=ctx.max_seqlen_q,
         )
         return self.o_proj(o.reshape(t, self.hq * self.d))
 
@@ -143,6 +143,7 @@ class _BatchCtx:
     sin: torch.Tensor  # [T, D]
     impl: str | None
     check_inputs: bool
+    max_seqlen_q: int  # longest query length (lets the Triton launch skip a host sync)
 
 
 class CausalLM(nn.Module):
@@ -248,13 +249,14 @@ class CausalLM(nn.Module):
         try:
             with torch.inference_mode():
                 return self._forward(input_ids.to(dev), cu_seqlens_q.to(dev, torch.int32), request_ids, cache,
-                                     logits_indices, hidden_layers, impl, check_inputs)
+                                     logits_indices, hidden_layers, impl, check_inputs, max(q_lens, default=0))
         except BaseException:
             for rid, n in zip(request_ids, q_lens):
                 cache.rollback(rid, n)
             raise
 
-    def _forward(self, input_ids, cu, request_ids, cache, logits_indices, hidden_layers, impl, check_inputs):
+    def _forward(self, input_ids, cu, request_ids, cache, logits_indices, hidden_layers, impl, check_inputs,
+                 max_seqlen_q):
         page_table, seq_lens = cache.batch_tensors(request_ids, self.device)
         slots = cache.slot_mapping(page_table, seq_lens, cu)
         # absolute positions of the new tokens (same arithmetic as the slot mapping)
@@ -266,7 +268,7 @@ class CausalLM(nn.Module):
 
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = self._rope(positions, x.dtype)
-        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs)
+        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs, max_seqlen_q)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         if -1 in wanted:
