@@ -365,3 +365,33 @@ def test_triton_attention_path_matches_hf(checkpoints, loaded, device):
     logits, _ = run(model, cache, {"b": seqs["b"][2:], "a": seqs["a"][6:]}, impl="triton")
     assert_rel(logits["a"].cpu(), refs["a"][6:], "triton verify a")
     assert_rel(logits["b"].cpu(), refs["b"][2:], "triton verify b")
+
+
+def test_generate_sampling_seeded_and_batch_invariant(loaded):
+    from dspark_kernels.models import generate
+
+    model = loaded["qwen3"]
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (4, 8, 6)]
+    kw = dict(max_new_tokens=6, temperature=[1.0, 0.7, 0.0], top_k=[0, 20, 0], top_p=[0.9, 1.0, 1.0],
+              seeds=[11, 22, 33])
+    a = generate(model, prompts, **kw)
+    b = generate(model, prompts, **kw)
+    assert a.tokens == b.tokens and all(len(t) == 6 for t in a.tokens)
+    for i in range(3):  # a request's draws depend only on its own seed and step, not on the batch
+        one = generate(model, [prompts[i]], max_new_tokens=6, temperature=kw["temperature"][i],
+                       top_k=kw["top_k"][i], top_p=kw["top_p"][i], seeds=[kw["seeds"][i]])
+        assert one.tokens[0] == a.tokens[i]
+    assert a.tokens[2] == generate(model, [prompts[2]], max_new_tokens=6).tokens[0]  # T=0 row is greedy
+    c = generate(model, prompts, **{**kw, "seeds": [12, 23, 34]})
+    assert c.tokens[:2] != a.tokens[:2]
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, prompts, max_new_tokens=2, temperature=[1.0, 1.0])
+
+
+def test_generate_top_k_1_is_greedy(loaded):
+    from dspark_kernels.models import generate
+
+    model = loaded["llama"]
+    prompts = [torch.randint(0, V, (5,)).tolist()]
+    greedy = generate(model, prompts, max_new_tokens=6).tokens
+    assert generate(model, prompts, max_new_tokens=6, temperature=1.5, top_k=1, seeds=[3]).tokens == greedy

@@ -72,14 +72,15 @@ class _Sampler:
             self._sample, self._noise = rejection_sample, rejection_noise
 
     def __call__(self, logits: torch.Tensor, reqs: list[int], offsets: list[int]) -> list[int]:
-        """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far."""
+        """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far
+        (the noise counter, so a request's draw at step t depends only on its seed and t)."""
         if self.greedy:
             return logits.argmax(dim=-1).tolist()
         dev, r = logits.device, len(reqs)
         cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
         seeds = torch.tensor([self.seeds[i] for i in reqs], dtype=torch.int64, device=dev)
         offs = torch.tensor(offsets, dtype=torch.int64, device=dev)
-        accept_u, sample_u = self._noise(seeds, offs, cu, 0)
+        accept_u, sample_u = self._noise(seeds, offs, cu, 0, max_spec_len=0)
         out, _ = self._sample(
             torch.zeros(0, dtype=torch.int64, device=dev),
             cu,
@@ -92,6 +93,7 @@ class _Sampler:
             sample_u,
             max_spec_len=0,
             impl=self.impl,
+            check_inputs=False,
         )
         return out[:, 0].tolist()
 
