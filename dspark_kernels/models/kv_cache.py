@@ -185,7 +185,7 @@ class PagedKVCache:
         return page * self.page_size + pos % self.page_size
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Scatter new keys/values ``[total_q, Hkv, D]`` of ``layer`` into their ``slots`` (from :meth:`slot_mapping`)."""
+        """Scatter new keys/values ``[total_q, Hkv, D]`` of ``layer`` into ``slots`` (see :meth:`slot_mapping`)."""
         flat_shape = (self.num_pages * self.page_size, self.num_kv_heads, self.head_dim)
         self.k[layer].view(flat_shape).index_copy_(0, slots, k.to(self.dtype))
         self.v[layer].view(flat_shape).index_copy_(0, slots, v.to(self.dtype))
