@@ -89,6 +89,8 @@ _DEFAULTS = {
 try:
     import triton
     import triton.language as tl
+
+    from ._flash import online_softmax_step
 except ImportError:  # the CPU path needs no Triton
     triton = None
 
@@ -157,21 +159,14 @@ if triton is not None:
             )
             if DOT_F32:
                 k = k.to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp2(s - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(
                 V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
                 mask=kv_mask, other=0.0,
             )
             if DOT_F32:
                 v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION)
 
         out = acc / l_i[:, None]
         o_ptrs = O + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]

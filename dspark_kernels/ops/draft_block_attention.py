@@ -1,0 +1,226 @@
+"""Draft block attention: the parallel drafter's block queries attend to the request's projected target-context K/V
+(paged) and to every slot of their own block (non-causal within the block).
+
+Layout:
+    q            [total_q, Hq, D]                 block queries of all requests, flattened by ``cu_seqlens_q``
+    k_block      [total_q, Hkv, D]                the blocks' own keys (same rows as ``q``)
+    v_block      [total_q, Hkv, D]                the blocks' own values
+    k_cache      [num_pages, page_size, Hkv, D]   per-request cache of projected context keys, grows with accepted tokens
+    v_cache      [num_pages, page_size, Hkv, D]   same for values
+    page_table   [R, max_pages] int32/int64       page ids of each request's context, in position order
+    cu_seqlens_q [R + 1]                          block offsets (a request's block length may be 0..gamma)
+    ctx_lens     [R]                              context length per request (0 allowed)
+    out          [total_q, Hq, D]                 dtype of ``q``
+
+RoPE is applied by the caller (context keys at their absolute positions, block queries/keys at anchor + slot).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..autotune.store import launch_config
+from ..reference.draft_block_attention import draft_block_attention_ref
+from ._dispatch import resolve_impl, triton_interpreted
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
+
+__all__ = ["draft_block_attention", "draft_block_attention_triton"]
+
+_DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+try:
+    import triton
+    import triton.language as tl
+
+    from ._flash import online_softmax_step
+except ImportError:  # the CPU path needs no Triton
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _draft_block_attention_kernel(
+        Q, KB, VB, KC, VC, O, PT, CU, CL,
+        qk_scale,
+        stride_qt, stride_qh,
+        stride_kbt, stride_kbh,
+        stride_vbt, stride_vbh,
+        stride_kp, stride_ks, stride_kh,
+        stride_vp, stride_vs, stride_vh,
+        stride_ot, stride_oh,
+        stride_pt,
+        PAGE_SIZE: tl.constexpr,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
+        DOT_F32: tl.constexpr,
+    ):
+        """One program = one request x one KV head x BLOCK_M rows of (block slot, query head in the GQA group).
+
+        First loop: the paged context (all visible). Second loop: the request's own block (all visible).
+        Both feed one online softmax in fp32.
+        """
+        r = tl.program_id(0)
+        kvh = tl.program_id(1)
+        mb = tl.program_id(2)
+        q_start = tl.load(CU + r).to(tl.int64)
+        q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
+        ctx_len = tl.load(CL + r).to(tl.int64)
+        if mb * BLOCK_M >= q_len * GROUP:
+            return
+
+        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok = rows // GROUP
+        head = kvh * GROUP + rows % GROUP
+        row_ok = tok < q_len
+        d = tl.arange(0, BLOCK_D)
+        d_ok = d < HEAD_DIM
+        q = tl.load(
+            Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+        )
+        if DOT_F32:
+            q = q.to(tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+        for start in range(0, ctx_len, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < ctx_len
+            page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            slot = (n % PAGE_SIZE).to(tl.int64)
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(KC + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            v = tl.load(VC + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                        mask=kv_mask, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
+
+        for start in range(0, q_len, BLOCK_N):
+            n = start + tl.arange(0, BLOCK_N)
+            n_ok = n < q_len
+            kv_mask = n_ok[:, None] & d_ok[None, :]
+            k = tl.load(KB + (q_start + n)[:, None] * stride_kbt + kvh * stride_kbh + d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(VB + (q_start + n)[:, None] * stride_vbt + kvh * stride_vbh + d[None, :], mask=kv_mask, other=0.0)
+            if DOT_F32:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
+
+        out = acc / l_i[:, None]
+        tl.store(
+            O + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+            out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :],
+        )
+
+
+def draft_block_attention_triton(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    sm_scale: float,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:
+    """Launch the Triton kernel; same contract as :func:`draft_block_attention_ref`."""
+    total_q, hq, head_dim = q.shape
+    _, page_size, hkv, _ = k_cache.shape
+    group = hq // hkv
+    out = torch.empty_like(q)
+    n_req = ctx_lens.shape[0]
+    if total_q == 0 or n_req == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    cfg = launch_config("draft_block_attention", _DEFAULTS, q.device)
+    grid = (n_req, hkv, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"]))
+    _draft_block_attention_kernel[grid](
+        q, k_block, v_block, k_cache, v_cache, out, page_table, cu_seqlens_q, ctx_lens,
+        sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
+        q.stride(0), q.stride(1),
+        k_block.stride(0), k_block.stride(1),
+        v_block.stride(0), v_block.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        page_table.stride(0),
+        PAGE_SIZE=page_size,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # Triton's CPU interpreter computes bf16 tl.dot wrongly; upcast there only
+        DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens) -> None:
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    dev = q.device
+    for name, t in (("k_block", k_block), ("v_block", v_block), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, dtypes=(q.dtype,), device=dev)
+    check_tensor("k_cache", k_cache, ndim=4)
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    total_q, hq, d = q.shape
+    _, page_size, hkv, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"k_cache head_dim must equal q head_dim {d}, got {dk}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache kv heads ({hkv}) for GQA")
+    check_shape("k_block", k_block, (total_q, hkv, d))
+    check_shape("v_block", v_block, (total_q, hkv, d))
+    check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=dev)
+    check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=INDEX_DTYPES, device=dev)
+    check_tensor("ctx_lens", ctx_lens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+    r = ctx_lens.shape[0]
+    check_shape("cu_seqlens_q", cu_seqlens_q, (r + 1,))
+    check_shape("page_table", page_table, (r, None))
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)
+    lens = ctx_lens.detach().to("cpu", torch.int64)
+    if bool((lens < 0).any()):
+        raise ValueError(f"ctx_lens must be >= 0, got {lens.tolist()}")
+    if r and int(lens.max()) > page_table.shape[1] * page_size:
+        raise ValueError(
+            f"ctx_lens (max {int(lens.max())}) exceeds page_table capacity {page_table.shape[1]} pages x {page_size}"
+        )
+
+
+def draft_block_attention(
+    q: torch.Tensor,
+    k_block: torch.Tensor,
+    v_block: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    ctx_lens: torch.Tensor,
+    sm_scale: float | None = None,
+    *,
+    impl: str | None = None,
+    check_inputs: bool = True,
+    max_seqlen_q: int | None = None,
+) -> torch.Tensor:
+    """Block attention of the parallel drafter; see the module docstring for shapes. Inputs are never modified."""
+    if check_inputs:
+        _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens)
+    scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
+    args = (q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, scale)
+    if resolve_impl(impl, q.device) == "triton":
+        return draft_block_attention_triton(*args, max_seqlen_q)
+    return draft_block_attention_ref(*args)
