@@ -55,7 +55,7 @@ def run_both(batch: dict) -> tuple:
     results = []
     for impl in ("triton", "torch"):
         s = batch["max_spec_len"]
-        counters = dict(accept_counter=torch.zeros(s, dtype=torch.int64), draft_counter=torch.zeros(s, dtype=torch.int64))
+        counters = {name: torch.zeros(s, dtype=torch.int64) for name in ("accept_counter", "draft_counter")}
         results.append((rejection_sample(**batch, **counters, impl=impl), counters))
     (tri, tri_c), (ref, ref_c) = results
     assert torch.equal(tri.output_token_ids, ref.output_token_ids)
@@ -167,6 +167,17 @@ def test_disjoint_supports_reject_at_position_zero(with_draft_probs):
     assert bool((res.output_token_ids[:, 0] >= v // 2).all())
 
 
+def test_residual_fallback_when_residual_mass_vanishes():
+    """draft_probs >= p_t everywhere (here 2 * p_t): rejections leave no residual, so the draw falls back to p_t."""
+    lens, v = [3, 2, 4], 30
+    batch = make_batch(lens, v, scale=1.0)
+    draft_rows = torch.arange(sum(lens)) + torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))
+    batch["draft_probs"] = 2 * torch.softmax(batch["target_logits"][draft_rows], dim=-1)
+    batch["accept_uniforms"] = torch.full((sum(lens),), 0.75)  # u * 2 p_t(x) < p_t(x) fails: reject at 0
+    res = run_both(batch)
+    assert bool((res.num_accepted == 0).all())
+
+
 @pytest.mark.parametrize("with_draft_probs", [True, False])
 def test_parity_mixed_greedy_and_stochastic(with_draft_probs):
     lens = [5, 0, 3, 2, 1, 4, 2, 0]
@@ -179,7 +190,8 @@ def test_parity_mixed_greedy_and_stochastic(with_draft_probs):
 def test_parity_top_k_top_p(dtype):
     lens = [2, 3, 0, 1, 2, 3]
     batch = make_batch(
-        lens, 48, temps=[1.0, 0.7, 1.0, 0.0, 1.5, 1.0], top_k=[5, 0, 1, 3, 48, 10], top_p=[1.0, 0.8, 0.5, 0.9, 0.95, 0.3],
+        lens, 48, temps=[1.0, 0.7, 1.0, 0.0, 1.5, 1.0],
+        top_k=[5, 0, 1, 3, 48, 10], top_p=[1.0, 0.8, 0.5, 0.9, 0.95, 0.3],
         dtype=dtype, scale=1.0,
     )
     run_both(batch)
@@ -441,6 +453,10 @@ def test_rejection_noise_reproducible():
 # ------------------------------------------------------------------------------------------------------- bad input
 
 
+def _nan_row(key, row, value):
+    return _set(key, lambda b: b[key].index_fill(0, torch.tensor([row]), value))
+
+
 def _set(key, value):
     return lambda b: b.__setitem__(key, value(b) if callable(value) else value)
 
@@ -456,12 +472,12 @@ BAD_INPUTS = [
     ("max_spec_len", _set("max_spec_len", -1)),
     ("target_logits", _set("target_logits", lambda b: b["target_logits"][:-1])),
     ("target_logits", _set("target_logits", lambda b: b["target_logits"].double())),
-    ("target_logits", _set("target_logits", lambda b: b["target_logits"].index_fill(0, torch.tensor([1]), float("nan")))),
-    ("target_logits", _set("target_logits", lambda b: b["target_logits"].index_fill(0, torch.tensor([0]), float("inf")))),
+    ("target_logits", _nan_row("target_logits", 1, float("nan"))),
+    ("target_logits", _nan_row("target_logits", 0, float("inf"))),
     ("draft_probs", _set("draft_probs", lambda b: b["draft_probs"][:, :-1])),
     ("draft_probs", _set("draft_probs", lambda b: b["draft_probs"][:-1])),
     ("draft_probs", _set("draft_probs", lambda b: b["draft_probs"].half())),
-    ("draft_probs", _set("draft_probs", lambda b: b["draft_probs"].index_fill(0, torch.tensor([0]), float("nan")))),
+    ("draft_probs", _nan_row("draft_probs", 0, float("nan"))),
     ("draft_probs", _set("draft_probs", lambda b: -b["draft_probs"])),
     ("temperature", _set("temperature", torch.tensor([1.0, -0.5, 1.0]))),
     ("temperature", _set("temperature", torch.tensor([1.0, float("inf"), 1.0]))),

@@ -263,7 +263,11 @@ def _accept_sample_kernel(
 @triton.jit
 def _sample_last(draft_ids_ptr, draft_probs_ptr, probs_ptr, sample_u_ptr, row, i_rej, rejected, V,
                  HAS_DRAFT_PROBS: tl.constexpr, RESID_EPS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Inverse-CDF draw of the last token of a stochastic request (residual after a rejection, else ``p_t``)."""
+    """Inverse-CDF draw of the last token of a stochastic request (residual after a rejection, else ``p_t``).
+
+    Two passes over the vocabulary: the total mass (of the residual after a rejection, falling back to ``p_t``), then
+    the tile-wise cumulative sum with a running total, keeping the first hit and the last positive-weight index.
+    """
     offs = tl.arange(0, BLOCK_V)
     p_row = probs_ptr + row * V
     d_row = draft_probs_ptr + i_rej * V
@@ -276,10 +280,12 @@ def _sample_last(draft_ids_ptr, draft_probs_ptr, probs_ptr, sample_u_ptr, row, i
             resid_mass += tl.sum(w, 0)
     use_resid = rejected & (resid_mass > RESID_EPS)
 
-    total = tl.zeros((), dtype=tl.float32)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        total += tl.sum(_final_weights(p_row, d_row, idx, idx < V, x_rej, use_resid, HAS_DRAFT_PROBS), 0)
+    total = resid_mass  # the residual's mass, summed in the same order as the pass below would
+    if tl.where(use_resid, False, True):
+        total = tl.zeros((), dtype=tl.float32)
+        for start in range(0, V, BLOCK_V):
+            idx = start + offs
+            total += tl.sum(_final_weights(p_row, d_row, idx, idx < V, x_rej, use_resid, HAS_DRAFT_PROBS), 0)
     target = tl.load(sample_u_ptr + row) * total
 
     running = tl.zeros((), dtype=tl.float32)
@@ -373,7 +379,9 @@ def _validate(
     cu = check_cu_seqlens("cu_num_draft_tokens", cu_num_draft_tokens, n)
     lens = cu[1:] - cu[:-1]
     if r > 0 and int(lens.max()) > max_spec_len:
-        raise ValueError(f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got {lens.tolist()}")
+        raise ValueError(
+            f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got {lens.tolist()}"
+        )
     v = target_logits.shape[1]
     check_shape("target_logits", target_logits, (n + r, None))
     if v < 1:
