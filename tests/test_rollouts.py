@@ -1,0 +1,50 @@
+"""Target rollouts: generation with the batched path, compact storage round-trip, prompt sampling."""
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from dspark_kernels.models import load_model
+from dspark_kernels.train.corpus import build_corpus
+from dspark_kernels.train.rollouts import generate_rollouts, load_rollouts, sample_prompts, save_rollouts
+from dspark_kernels.train.tokenizer import load_tokenizer
+from tests.test_corpus_tokenizer import ASSETS, _small_sources
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return load_model(path)
+
+
+def test_rollouts_round_trip_and_temperature_mix(tiny_target, tmp_path):
+    prompts = [([1, 5, 6, 7], 0), ([1, 9, 10], 1), ([1, 11], 0)]
+    ro = generate_rollouts(tiny_target, prompts, max_new_tokens=5, temperatures=[0.7, 1.0], batch_size=2, seed=3)
+    assert ro.temperature == [0.7, 1.0, 0.7]
+    assert all(len(r) == 5 or (len(r) < 5 and r[-1] == 2) for r in ro.responses)  # EOS (id 2) may stop early
+    save_rollouts(ro, tmp_path, "train", shard_size=2)
+    assert len(list(tmp_path.glob("train-*.safetensors"))) == 2
+    back = load_rollouts(tmp_path, "train")
+    assert back.prompts == ro.prompts and back.responses == ro.responses
+    assert back.domain == ro.domain and back.temperature == pytest.approx(ro.temperature)
+    again = generate_rollouts(tiny_target, prompts, max_new_tokens=5, temperatures=[0.7, 1.0], batch_size=2, seed=3)
+    assert again.responses == ro.responses  # seeded
+
+
+def test_missing_rollouts_is_clear(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no heldout rollouts"):
+        load_rollouts(tmp_path, "heldout")
+
+
+def test_prompts_come_from_the_requested_split(tmp_path):
+    corpus = tmp_path / "corpus"
+    build_corpus(corpus, _small_sources(tmp_path))
+    tok = load_tokenizer(ASSETS)
+    prompts = sample_prompts(tok, corpus, "train", 6, max_prompt=32, seed=0)
+    assert len(prompts) == 6 and {d for _, d in prompts} == {0, 1}
+    assert all(p[0] == 1 and 17 <= len(p) <= 33 for p, _ in prompts)
+    assert prompts == sample_prompts(tok, corpus, "train", 6, max_prompt=32, seed=0)
