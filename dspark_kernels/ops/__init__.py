@@ -2,6 +2,20 @@
 
 from .draft_block_attention import draft_block_attention
 from .rejection_sample import rejection_sample
+from .survival import (
+    capacity_unconstrained,
+    prefix_survival,
+    select_verify_lengths_alg1,
+    select_verify_lengths_topk,
+)
 from .verify_attention import verify_attention
 
-__all__ = ["draft_block_attention", "rejection_sample", "verify_attention"]
+__all__ = [
+    "capacity_unconstrained",
+    "draft_block_attention",
+    "prefix_survival",
+    "rejection_sample",
+    "select_verify_lengths_alg1",
+    "select_verify_lengths_topk",
+    "verify_attention",
+]

@@ -1,0 +1,112 @@
+"""Reference for prefix survival and the verify-length selection (DSpark §3.2, Algorithm 1; production top-K).
+
+Vectorised torch, no Python loop over requests and no host sync. The semantics are documented in
+:mod:`dspark_kernels.ops.survival`. The candidate ordering (:func:`candidate_order`) and the Theta path
+(:func:`theta_path`) are shared with the Triton launcher, so both implementations scan the same sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_KEY_TOP = 0x7FFFFFFF  # largest float32 bit pattern of a non-negative number; inverts the order of a
+
+
+def slot_maps(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Request ``req [N]`` and 0-based position ``pos [N]`` of every flattened slot (int64, no host sync)."""
+    r = cu.numel() - 1
+    cu64 = cu.to(torch.int64)
+    req = torch.repeat_interleave(torch.arange(r, device=cu.device), cu64[1:] - cu64[:-1], output_size=n)
+    return req, torch.arange(n, device=cu.device) - cu64[req]
+
+
+def prefix_survival_ref(
+    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
+) -> torch.Tensor:
+    """``a[r, j] = prod_{i <= j} sigmoid(logit[r, i] / T[i])`` over each request's slots; ``[N]`` float32."""
+    n = conf_logits.numel()
+    r = cu_num_draft_tokens.numel() - 1
+    req, pos = slot_maps(cu_num_draft_tokens, n)
+    logits = conf_logits.float()
+    if position_temperatures is not None:
+        logits = logits / position_temperatures.float()[pos]
+    width = int(pos.max()) + 1 if n else 0
+    dense = torch.ones(r, width, dtype=torch.float32, device=conf_logits.device)
+    dense[req, pos] = torch.sigmoid(logits)
+    return dense.cumprod(dim=1)[req, pos]
+
+
+def candidate_order(survival: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort every slot by survival, highest first; ties by lower position j, then lower request r.
+
+    The tie-break uses only (j, r), never the values, and puts a request's slot j before its slot j + 1, so with a
+    non-increasing survival per request every prefix of the order is prefix-closed. One int64 sort on the key
+    ``(0x7FFFFFFF - bits(a)) << 32 | (j * R + r)`` (unique keys, so stability does not matter). Slots with a = 0
+    sort last. Returns ``a_sorted [N]`` float32, ``req_sorted [N]`` and ``pos_sorted [N]`` (0-based j) int64.
+    """
+    n = survival.numel()
+    r = cu.numel() - 1
+    req, pos = slot_maps(cu, n)
+    a = survival.float() + 0.0  # -0.0 -> +0.0, so the bit pattern is a non-negative int32
+    bits = a.view(torch.int32).to(torch.int64)
+    key = ((_KEY_TOP - bits) << 32) | (pos * r + req)
+    order = torch.sort(key).indices
+    return a[order], req[order], pos[order]
+
+
+def theta_path(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tensor) -> torch.Tensor:
+    """Theta after admitting the first k sorted candidates, k = 0..N; ``[N + 1]`` float64.
+
+    ``theta[k] = (R + sum_{i<k} a_sorted[i]) * SPS(R + k)`` (cumulative sum in float64). Entries where the
+    candidate has a = 0 or ``R + k`` lies past the table's last entry are ``-inf`` (never an improvement).
+    """
+    n = a_sorted.numel()
+    bmax = sps_table.numel() - 1
+    k = torch.arange(n + 1, device=a_sorted.device)
+    batch = num_requests + k
+    zero = torch.zeros(1, dtype=torch.float64, device=a_sorted.device)
+    tau = num_requests + torch.cat([zero, a_sorted.double().cumsum(0)])
+    positive = torch.cat([torch.ones(1, dtype=torch.bool, device=a_sorted.device), a_sorted > 0])
+    sps = sps_table.double()[batch.clamp(max=bmax)]
+    return torch.where(positive & (batch <= bmax), tau * sps, float("-inf"))
+
+
+def lengths_from_count(
+    count: torch.Tensor, a_sorted: torch.Tensor, req_sorted: torch.Tensor, pos_sorted: torch.Tensor, num_requests: int
+) -> torch.Tensor:
+    """Admit the first ``count`` sorted candidates with a > 0; ``l_r`` = the largest admitted j; ``[R]`` int32."""
+    n = a_sorted.numel()
+    admitted = (torch.arange(n, device=a_sorted.device) < count) & (a_sorted > 0)
+    lens = torch.zeros(num_requests, dtype=torch.int64, device=a_sorted.device)
+    lens.scatter_reduce_(0, req_sorted, torch.where(admitted, pos_sorted + 1, 0), reduce="amax")
+    return lens.to(torch.int32)
+
+
+def select_verify_lengths_alg1_ref(
+    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor
+) -> torch.Tensor:
+    """Algorithm 1: admit along the sorted order while Theta strictly improves; stop at the first non-improvement."""
+    r = cu_num_draft_tokens.numel() - 1
+    a_sorted, req_sorted, pos_sorted = candidate_order(survival, cu_num_draft_tokens)
+    theta = theta_path(a_sorted, r, sps_table)
+    improves = theta[1:] > theta[:-1]
+    count = improves.to(torch.int64).cumprod(0).sum()  # length of the leading run of improvements
+    return lengths_from_count(count, a_sorted, req_sorted, pos_sorted, r)
+
+
+def select_verify_lengths_topk_ref(
+    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, budget: torch.Tensor
+) -> torch.Tensor:
+    """Admit the ``budget`` highest-survival slots (a > 0 only) in the candidate order."""
+    r = cu_num_draft_tokens.numel() - 1
+    a_sorted, req_sorted, pos_sorted = candidate_order(survival, cu_num_draft_tokens)
+    return lengths_from_count(budget.reshape(()), a_sorted, req_sorted, pos_sorted, r)
+
+
+def capacity_unconstrained_ref(
+    survival_stale: torch.Tensor, cu_stale: torch.Tensor, sps_table: torch.Tensor
+) -> torch.Tensor:
+    """The k maximising Theta over the whole sorted path (no early stop; first maximum on ties); ``[1]`` int64."""
+    r = cu_stale.numel() - 1
+    a_sorted, _, _ = candidate_order(survival_stale, cu_stale)
+    return theta_path(a_sorted, r, sps_table).argmax().reshape(1)
