@@ -2,6 +2,7 @@
 
 from .draft_block_attention import draft_block_attention
 from .rejection_sample import rejection_sample
+from .sequential_head import sequential_head
 from .survival import (
     capacity_unconstrained,
     prefix_survival,
@@ -17,5 +18,6 @@ __all__ = [
     "rejection_sample",
     "select_verify_lengths_alg1",
     "select_verify_lengths_topk",
+    "sequential_head",
     "verify_attention",
 ]

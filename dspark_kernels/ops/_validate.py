@@ -45,6 +45,13 @@ def check_finite(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN or Inf values")
 
 
+def check_range(name: str, t: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
+    """Reject a tensor where the boolean mask ``ok`` (same shape) has a False entry; show a few offending values."""
+    if not bool(ok.all()):
+        bad = t[~ok][:4].tolist()
+        raise ValueError(f"{name} must be {expected}, got values such as {bad}")
+
+
 def check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
     """Check an offsets tensor ``[R + 1]``: starts at 0, non-decreasing, ends at ``total``."""
     check_tensor(name, cu, ndim=1, dtypes=INDEX_DTYPES)

@@ -49,75 +49,17 @@ from ..autotune.store import launch_config
 from ..noise import uniform_noise
 from ..reference.rejection_sample import RESIDUAL_EPS, RejectionResult, _ragged_maps, rejection_sample_ref
 from ._dispatch import resolve_impl
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_finite, check_shape, check_tensor
+from ._sampling import cdf_scan_step, filter_row, row_stats_step
+from ._validate import (
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_finite, check_range, check_shape, check_tensor,
+)
 
 __all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton"]
 
 _DEFAULTS = {"BLOCK_V": 1024, "num_warps": 4}
-_ONE_BITS = 0x3F800000  # float32 bit pattern of 1.0, the largest exp(scaled - max)
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _sortable_key(x):
-    """Map float32 to int32 so that signed integer order equals float order (-0.0 maps to the key of +0.0)."""
-    b = x.to(tl.int32, bitcast=True)
-    key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
-    return tl.where(x == 0.0, 0, key)
-
-
-@triton.jit
-def _count_keys_ge(row_ptr, V, thr, BLOCK_V: tl.constexpr):
-    """Number of entries of the float32 row whose sortable key is >= ``thr``."""
-    offs = tl.arange(0, BLOCK_V)
-    count = tl.zeros((), dtype=tl.int64)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        x = tl.load(row_ptr + idx, mask=idx < V, other=0.0)
-        hit = (_sortable_key(x).to(tl.int64) >= thr) & (idx < V)
-        count += tl.sum(hit.to(tl.int64), 0)
-    return count
-
-
-@triton.jit
-def _sum_bits_ge(row_ptr, V, thr, BLOCK_V: tl.constexpr):
-    """Sum of the non-negative float32 row's entries whose bit pattern is >= ``thr``."""
-    offs = tl.arange(0, BLOCK_V)
-    total = tl.zeros((), dtype=tl.float32)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        e = tl.load(row_ptr + idx, mask=idx < V, other=0.0)
-        total += tl.sum(tl.where(e.to(tl.int32, bitcast=True).to(tl.int64) >= thr, e, 0.0), 0)
-    return total
-
-
-@triton.jit
-def _top_k_key(row_ptr, V, k, lo, hi, BLOCK_V: tl.constexpr):
-    """Bisection for the largest key t with ``count(key >= t) >= k``, i.e. the key of the k-th largest entry.
-    ``lo``/``hi`` are the keys of the row's min/max; about 32 counting passes."""
-    lo = lo.to(tl.int64)
-    hi = hi.to(tl.int64)
-    while lo < hi:
-        mid = lo + (hi - lo + 1) // 2
-        ok = _count_keys_ge(row_ptr, V, mid, BLOCK_V) >= k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    return lo
-
-
-@triton.jit
-def _top_p_bits(row_ptr, V, need, BLOCK_V: tl.constexpr):
-    """Bisection over float bit patterns in ``[0, bits(1.0)]`` for the largest t with ``sum(e[e >= t]) >= need``."""
-    lo = tl.zeros((), dtype=tl.int64)
-    hi = lo + _ONE_BITS
-    while lo < hi:
-        mid = lo + (hi - lo + 1) // 2
-        ok = _sum_bits_ge(row_ptr, V, mid, BLOCK_V) >= need
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    return lo
-
-
 @triton.jit
 def _target_probs_kernel(
     logits_ptr,
@@ -153,39 +95,11 @@ def _target_probs_kernel(
         valid = idx < V
         x = tl.load(in_row + idx, mask=valid, other=0.0).to(tl.float32) / t_eff
         tl.store(ws_row + idx, x, mask=valid)
-        xm = tl.where(valid, x, float("-inf"))
-        tile_max = tl.max(xm, 0)
-        best_idx = tl.where(tile_max > best, start + tl.argmax(xm, 0), best_idx)
-        best = tl.maximum(best, tile_max)
-        least = tl.minimum(least, tl.min(tl.where(valid, x, float("inf")), 0))
+        best, best_idx, least = row_stats_step(x, start, valid, best, best_idx, least)
     tl.store(argmax_ptr + row, best_idx)
 
     if t > 0.0:
-        keep_key = tl.full((), -2147483648, tl.int64)
-        if HAS_TOP_K:
-            k = tl.load(top_k_ptr + req).to(tl.int64)
-            if (k > 0) & (k < V):
-                keep_key = _top_k_key(ws_row, V, k, _sortable_key(least), _sortable_key(best), BLOCK_V)
-        z = tl.zeros((), dtype=tl.float32)
-        for start in range(0, V, BLOCK_V):
-            idx = start + offs
-            valid = idx < V
-            x = tl.load(ws_row + idx, mask=valid, other=0.0)
-            e = tl.where(valid & (_sortable_key(x).to(tl.int64) >= keep_key), tl.exp(x - best), 0.0)
-            tl.store(ws_row + idx, e, mask=valid)
-            z += tl.sum(e, 0)
-        keep_bits = tl.zeros((), dtype=tl.int64)
-        if HAS_TOP_P:
-            p = tl.load(top_p_ptr + req).to(tl.float32)
-            if p < 1.0:
-                keep_bits = _top_p_bits(ws_row, V, p * z, BLOCK_V)
-                z = _sum_bits_ge(ws_row, V, keep_bits, BLOCK_V)
-        for start in range(0, V, BLOCK_V):
-            idx = start + offs
-            valid = idx < V
-            e = tl.load(ws_row + idx, mask=valid, other=0.0)
-            kept = e.to(tl.int32, bitcast=True).to(tl.int64) >= keep_bits
-            tl.store(ws_row + idx, tl.where(kept, e, 0.0) / z, mask=valid)
+        filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
 
 
 @triton.jit
@@ -295,11 +209,7 @@ def _sample_last(draft_ids_ptr, draft_probs_ptr, probs_ptr, sample_u_ptr, row, i
         idx = start + offs
         valid = idx < V
         w = _final_weights(p_row, d_row, idx, valid, x_rej, use_resid, HAS_DRAFT_PROBS)
-        positive = valid & (w > 0.0)
-        hit = positive & (running + tl.cumsum(w, 0) > target)
-        found = tl.minimum(found, tl.min(tl.where(hit, idx, V), 0).to(tl.int64))
-        last = tl.maximum(last, tl.max(tl.where(positive, idx, -1), 0).to(tl.int64))
-        running += tl.sum(w, 0)
+        running, found, last = cdf_scan_step(w, idx, valid, V, target, running, found, last)
     return tl.where(found < V, found, last)
 
 
@@ -359,12 +269,6 @@ def rejection_sample_triton(
 
 
 # ------------------------------------------------------------------------------------------------------ public op
-def _check_range(name: str, t: torch.Tensor, ok: torch.Tensor, expected: str) -> None:
-    if not bool(ok.all()):
-        bad = t[~ok][:4].tolist()
-        raise ValueError(f"{name} must be {expected}, got values such as {bad}")
-
-
 def _validate(
     draft_token_ids, cu_num_draft_tokens, draft_probs, target_logits, temperature, top_k, top_p,
     accept_uniforms, sample_uniforms, max_spec_len, accept_counter, draft_counter,
@@ -387,26 +291,26 @@ def _validate(
     if v < 1:
         raise ValueError("target_logits must have a vocabulary of at least 1 token, got 0 columns")
     check_finite("target_logits", target_logits)
-    _check_range("draft_token_ids", draft_token_ids, (draft_token_ids >= 0) & (draft_token_ids < v), f"in [0, {v})")
+    check_range("draft_token_ids", draft_token_ids, (draft_token_ids >= 0) & (draft_token_ids < v), f"in [0, {v})")
     if draft_probs is not None:
         check_tensor("draft_probs", draft_probs, ndim=2, dtypes=(torch.float32,), device=dev)
         if draft_probs.shape[1] != v:
             raise ValueError(f"draft_probs vocab size {draft_probs.shape[1]} must equal target_logits vocab size {v}")
         check_shape("draft_probs", draft_probs, (n, v))
         check_finite("draft_probs", draft_probs)
-        _check_range("draft_probs", draft_probs, draft_probs >= 0, "non-negative")
+        check_range("draft_probs", draft_probs, draft_probs >= 0, "non-negative")
     check_tensor("temperature", temperature, ndim=1, dtypes=(torch.float32,), device=dev)
     check_shape("temperature", temperature, (r,))
     check_finite("temperature", temperature)
-    _check_range("temperature", temperature, temperature >= 0, ">= 0")
+    check_range("temperature", temperature, temperature >= 0, ">= 0")
     if top_k is not None:
         check_tensor("top_k", top_k, ndim=1, dtypes=INDEX_DTYPES, device=dev)
         check_shape("top_k", top_k, (r,))
-        _check_range("top_k", top_k, top_k >= 0, ">= 0 (0 = off)")
+        check_range("top_k", top_k, top_k >= 0, ">= 0 (0 = off)")
     if top_p is not None:
         check_tensor("top_p", top_p, ndim=1, dtypes=(torch.float32,), device=dev)
         check_shape("top_p", top_p, (r,))
-        _check_range("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")
+        check_range("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")
     needs_uniforms = bool((temperature > 0).any())
     for name, u, size in (("accept_uniforms", accept_uniforms, n), ("sample_uniforms", sample_uniforms, n + r)):
         if u is None:
@@ -415,7 +319,7 @@ def _validate(
             continue
         check_tensor(name, u, ndim=1, dtypes=(torch.float32,), device=dev)
         check_shape(name, u, (size,))
-        _check_range(name, u, (u > 0) & (u < 1), "strictly inside (0, 1)")
+        check_range(name, u, (u > 0) & (u < 1), "strictly inside (0, 1)")
     for name, c in (("accept_counter", accept_counter), ("draft_counter", draft_counter)):
         if c is not None:
             check_tensor(name, c, ndim=1, dtypes=(torch.int64,), device=dev)

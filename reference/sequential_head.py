@@ -1,0 +1,140 @@
+"""Reference for the sequential (Markov) draft head: slot-by-slot bias, filtered sampling and confidence logits.
+
+Vectorised over requests; the only Python loop is over the slot index k (at most gamma iterations). The semantics
+are documented in :mod:`dspark_kernels.ops.sequential_head`; the sampling filters and the draw are the shared ones of
+:mod:`dspark_kernels.reference._sampling`, so a draft row is filtered exactly like a target row.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._sampling import inverse_cdf_ref, target_probs_ref
+
+KINDS = ("none", "vanilla", "gated", "rnn")
+
+
+class SequentialHeadWeights(NamedTuple):
+    """Weights of the sequential head in the op's layout (any float dtype; the op computes in float32).
+
+    ``kind``: one of ``KINDS``; ``"none"`` (rank 0) adds no bias and has no Markov embedding.
+    ``w1`` ``[V, r]``: Markov embedding ``e = w1[x_prev]``.  ``w2`` ``[r, V]``: bias-free output, ``bias = lat @ w2``.
+    ``gate_w`` ``[d + r, r]``, ``gate_b`` ``[r]`` (gated): ``g = sigmoid([h; e] @ gate_w + gate_b)``.
+    ``rnn_w`` ``[2r + d, 3r]``, ``rnn_b`` ``[3r]`` (rnn): ``(a, c, o) = split([s; e; h] @ rnn_w + rnn_b, r)``.
+    ``conf_w`` ``[d + r]`` (``[d]`` for kind ``"none"``) and ``conf_b`` ``[]``: confidence logit
+    ``[h; e] . conf_w + conf_b``; ``None`` means no confidence head (the op returns zero logits).
+    Unused fields are ``None``.
+    """
+
+    kind: str
+    w1: torch.Tensor | None = None
+    w2: torch.Tensor | None = None
+    gate_w: torch.Tensor | None = None
+    gate_b: torch.Tensor | None = None
+    rnn_w: torch.Tensor | None = None
+    rnn_b: torch.Tensor | None = None
+    conf_w: torch.Tensor | None = None
+    conf_b: torch.Tensor | None = None
+
+
+class SequentialHeadResult(NamedTuple):
+    """``tokens [N]`` int64 drafts; ``draft_probs [N, V]`` float32 filtered draft distributions (one-hot for greedy
+    requests); ``confidence_logits [N]`` float32 (``c_k = sigmoid(logit)``)."""
+
+    tokens: torch.Tensor
+    draft_probs: torch.Tensor
+    confidence_logits: torch.Tensor
+
+
+def latent_step(
+    weights: SequentialHeadWeights, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One slot of the head before ``w2``: ``(lat [B, r], new state [B, r] | None)`` from the Markov embedding
+    ``e [B, r]``, the hidden state ``h [B, d]`` and (rnn) the previous state ``[B, r]``; all float32."""
+    if weights.kind == "vanilla":
+        return e, state
+    if weights.kind == "gated":
+        g = torch.sigmoid(torch.cat([h, e], dim=1) @ weights.gate_w.float() + weights.gate_b.float())
+        return g * e, state
+    z = torch.cat([state, e, h], dim=1) @ weights.rnn_w.float() + weights.rnn_b.float()
+    a, c, o = z.chunk(3, dim=1)
+    gate = torch.sigmoid(a)
+    return torch.tanh(o), gate * state + (1 - gate) * torch.tanh(c)
+
+
+def confidence_ref(weights: SequentialHeadWeights, h: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+    """Confidence logits ``[B]`` float32 from ``h [B, d]`` and the Markov embedding ``e [B, r]`` of the previous
+    token (``None`` for kind ``"none"``); zeros without a confidence head."""
+    if weights.conf_w is None:
+        return torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
+    features = h if e is None else torch.cat([h, e], dim=1)
+    return features @ weights.conf_w.float() + weights.conf_b.float()
+
+
+def sequential_head_ref(
+    base_logits: torch.Tensor,
+    hidden: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    weights: SequentialHeadWeights,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    uniforms: torch.Tensor | None,
+) -> SequentialHeadResult:
+    """Draft every request's slots left to right; shapes as in :func:`dspark_kernels.ops.sequential_head`.
+
+    Inputs are assumed valid. At slot k only the requests with more than k slots take part.
+    """
+    n, v = base_logits.shape
+    dev = base_logits.device
+    cu = cu_num_draft_tokens.long()
+    lens = cu[1:] - cu[:-1]
+    r = lens.numel()
+    rank = weights.w1.shape[1] if weights.kind != "none" else 0
+    tokens = torch.zeros(n, dtype=torch.int64, device=dev)
+    probs = torch.zeros(n, v, dtype=torch.float32, device=dev)
+    conf = torch.zeros(n, dtype=torch.float32, device=dev)
+    prev = anchor_tokens.long().clone()
+    state = torch.zeros(r, rank, dtype=torch.float32, device=dev)
+    for k in range(int(lens.max()) if r else 0):
+        req = (lens > k).nonzero().squeeze(1)
+        rows = cu[req] + k
+        h = hidden[rows].float()
+        logits = base_logits[rows].float()
+        e = None
+        if weights.kind != "none":
+            e = weights.w1.float()[prev[req]]
+            lat, new_state = latent_step(weights, e, h, state[req])
+            if new_state is not None:
+                state[req] = new_state
+            logits = logits + lat @ weights.w2.float()
+        conf[rows] = confidence_ref(weights, h, e)
+        u = uniforms[rows] if uniforms is not None else None
+        tokens[rows], probs[rows] = _draw(logits, req, temperature, top_k, top_p, u)
+        prev[req] = tokens[rows]
+    return SequentialHeadResult(tokens, probs, conf)
+
+
+def _draw(
+    logits: torch.Tensor,
+    req: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    u: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``[B]`` and draft probabilities ``[B, V]`` of float32 ``logits [B, V]`` of requests ``req [B]``:
+    greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw."""
+    t = temperature[req]
+    probs = target_probs_ref(
+        logits, t, top_k[req] if top_k is not None else None, top_p[req] if top_p is not None else None
+    )
+    greedy = t == 0
+    argmax = logits.argmax(dim=1)
+    sampled = inverse_cdf_ref(probs, u) if u is not None else argmax
+    token = torch.where(greedy, argmax, sampled)
+    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
+    return token, torch.where(greedy[:, None], one_hot, probs)
