@@ -77,7 +77,8 @@ def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr, BLO
         x = tl.load(LOGITS + start + pos, mask=ok, other=0.0).to(tl.float32)
         if HAS_TEMPS:
             x = x / tl.load(TEMPS + pos, mask=ok, other=1.0)
-        c = tl.where(ok, 1.0 / (1.0 + tl.exp(-x)), 1.0)
+        e = tl.exp(-tl.abs(x))  # overflow-free sigmoid: exactly 0 for very negative logits
+        c = tl.where(ok, tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)), 1.0)
         a = tl.cumprod(c, 0) * carry
         tl.store(OUT + start + pos, a, mask=ok)
         carry = carry * tl.reduce(c, 0, _mul)

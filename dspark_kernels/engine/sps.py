@@ -1,0 +1,266 @@
+"""SPS profiles: the target's forward steps per second at a verify batch of B tokens, the scheduler's cost model.
+
+A profile is stored as JSON at ``autotune/sps/<device>__<model>.json`` (names sanitised)::
+
+    {"device": "NVIDIA H200", "model": "qwen3-8b", "source": "measured" | "modelled", "formula": "" | "...",
+     "created": "2026-01-01T00:00:00+00:00", "batch_sizes": [1, 2, 4, ...],
+     "steps_per_s": [[...], ...], "context_buckets": null | [1024, 4096, ...]}
+
+``batch_sizes`` is strictly increasing and positive; ``steps_per_s`` has one row per context bucket (exactly one
+row when ``context_buckets`` is null), each with one positive finite value per batch size. Every key is required
+and no other key is allowed; a violation raises ``ValueError`` naming the file and the field.
+
+No profile: :func:`load_profile` raises ``FileNotFoundError`` with the expected path and how to create it. There is
+deliberately no silent default; :func:`analytic_roofline` gives an explicitly "modelled" profile when a measured
+one cannot be taken yet.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ..autotune.store import CONFIG_DIR
+
+SPS_DIR = CONFIG_DIR.parent / "sps"  # autotune/sps next to the launch configs
+SOURCES = ("measured", "modelled")
+_KEYS = {"device", "model", "source", "formula", "created", "batch_sizes", "steps_per_s", "context_buckets"}
+
+# Datasheet peaks: HBM bytes/s and dense bf16 tensor-core FLOP/s (no sparsity).
+GPU_PEAKS = {
+    "H200": (4.8e12, 989e12),
+    "H100": (3.35e12, 989e12),
+    "A100": (2.0e12, 312e12),
+}
+
+_CREATE_HINT = (
+    "measure one with `from dspark_kernels.engine.sps import profile_target; "
+    "profile_target(step_fn, max_batch, device=..., model=...).save()` (step_fn(B) runs one verify forward of B "
+    "tokens), or write a modelled one with `analytic_roofline(gpu, params, model=...).save()`"
+)
+
+
+def _sanitize(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+def profile_path(device: str, model: str, sps_dir: Path = SPS_DIR) -> Path:
+    """Where the profile of ``model`` on ``device`` lives: ``<sps_dir>/<device>__<model>.json``."""
+    return Path(sps_dir) / f"{_sanitize(device)}__{_sanitize(model)}.json"
+
+
+@dataclass(frozen=True)
+class SPSProfile:
+    """Steps/s of the target at verify batches of ``batch_sizes[i]`` tokens (row c: context bucket c)."""
+
+    device: str
+    model: str
+    batch_sizes: tuple[int, ...]
+    steps_per_s: tuple[tuple[float, ...], ...]
+    context_buckets: tuple[int, ...] | None = None
+    source: str = "measured"
+    formula: str = ""
+    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+    def __post_init__(self) -> None:
+        _check_fields(self.to_dict(), "<SPSProfile>")
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device,
+            "model": self.model,
+            "source": self.source,
+            "formula": self.formula,
+            "created": self.created,
+            "batch_sizes": list(self.batch_sizes),
+            "steps_per_s": [list(row) for row in self.steps_per_s],
+            "context_buckets": None if self.context_buckets is None else list(self.context_buckets),
+        }
+
+    def save(self, sps_dir: Path = SPS_DIR) -> Path:
+        """Write the profile as JSON under ``sps_dir``; return the path."""
+        path = profile_path(self.device, self.model, sps_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    def _row(self, context_len: int | None) -> tuple[float, ...]:
+        """The row of the smallest context bucket >= ``context_len`` (the last bucket beyond; row 0 if None)."""
+        if self.context_buckets is None or context_len is None:
+            return self.steps_per_s[0]
+        for bucket, row in zip(self.context_buckets, self.steps_per_s):
+            if context_len <= bucket:
+                return row
+        return self.steps_per_s[-1]
+
+    def as_table(self, max_tokens: int, context_len: int | None = None) -> torch.Tensor:
+        """The scheduler's ``sps_table`` ``[Bmax + 1]`` float32, index B, kept as measured (no smoothing).
+
+        A B between two measured sizes takes the value of the next measured size >= B (the padded CUDA-graph
+        bucket it would run in). ``Bmax = min(max_tokens, last measured B)``: nothing is extrapolated past the
+        profiled range, so the returned table can be shorter than requested and the scheduler never admits a
+        batch larger than was measured. Entry 0 (unused) repeats entry 1.
+        """
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        row = self._row(context_len)
+        bmax = min(max_tokens, self.batch_sizes[-1])
+        table = torch.empty(bmax + 1, dtype=torch.float32)
+        i = 0
+        for b in range(1, bmax + 1):
+            while self.batch_sizes[i] < b:
+                i += 1
+            table[b] = row[i]
+        table[0] = table[1]
+        return table
+
+
+def _fail(where: str, field_name: str, why: str) -> ValueError:
+    return ValueError(f"SPS profile {where}: field '{field_name}' {why}")
+
+
+def _positive_finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _check_fields(data: object, where: str) -> None:
+    """Strict schema check of a profile dict; raises ``ValueError`` naming ``where`` and the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"SPS profile {where}: expected a JSON object, got {type(data).__name__}")
+    missing, extra = _KEYS - data.keys(), data.keys() - _KEYS
+    if missing or extra:
+        raise ValueError(f"SPS profile {where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
+    for name in ("device", "model", "formula", "created"):
+        if not isinstance(data[name], str) or (name in ("device", "model") and not data[name]):
+            raise _fail(where, name, "must be a (non-empty for device/model) string")
+    if data["source"] not in SOURCES:
+        raise _fail(where, "source", f"must be one of {SOURCES}, got {data['source']!r}")
+    sizes = data["batch_sizes"]
+    if not isinstance(sizes, (list, tuple)) or not sizes or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in sizes
+    ):
+        raise _fail(where, "batch_sizes", "must be a non-empty list of positive integers")
+    if any(b1 >= b2 for b1, b2 in zip(sizes, sizes[1:])):
+        raise _fail(where, "batch_sizes", "must be strictly increasing")
+    buckets = data["context_buckets"]
+    if buckets is not None and (
+        not isinstance(buckets, (list, tuple)) or not buckets
+        or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in buckets)
+        or any(c1 >= c2 for c1, c2 in zip(buckets, buckets[1:]))
+    ):
+        raise _fail(where, "context_buckets", "must be null or a strictly increasing list of positive integers")
+    rows = data["steps_per_s"]
+    n_rows = 1 if buckets is None else len(buckets)
+    if not isinstance(rows, (list, tuple)) or len(rows) != n_rows:
+        raise _fail(where, "steps_per_s", f"must be a list of {n_rows} row(s), one per context bucket")
+    for row in rows:
+        if not isinstance(row, (list, tuple)) or len(row) != len(sizes):
+            raise _fail(where, "steps_per_s", f"rows must have one value per batch size ({len(sizes)})")
+        if not all(_positive_finite(v) for v in row):
+            raise _fail(where, "steps_per_s", "values must be positive finite numbers")
+
+
+def load_profile(device: str, model: str, sps_dir: Path = SPS_DIR) -> SPSProfile:
+    """Read and validate a stored profile; ``FileNotFoundError`` (path + how to create it) when there is none."""
+    path = profile_path(device, model, sps_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"no SPS profile for device {device!r}, model {model!r} at {path}; {_CREATE_HINT}")
+    return read_profile(path)
+
+
+def read_profile(path: Path) -> SPSProfile:
+    """Read and validate the profile file at ``path``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"SPS profile {path} is not valid JSON: {e}") from e
+    _check_fields(data, str(path))
+    return SPSProfile(
+        device=data["device"],
+        model=data["model"],
+        batch_sizes=tuple(data["batch_sizes"]),
+        steps_per_s=tuple(tuple(float(v) for v in row) for row in data["steps_per_s"]),
+        context_buckets=None if data["context_buckets"] is None else tuple(data["context_buckets"]),
+        source=data["source"],
+        formula=data["formula"],
+        created=data["created"],
+    )
+
+
+def analytic_roofline(
+    gpu: str,
+    params: float,
+    *,
+    model: str = "analytic",
+    max_batch: int = 1024,
+    bytes_per_param: float = 2.0,
+    overhead_s: float = 1e-3,
+) -> SPSProfile:
+    """A "modelled" profile from datasheet peaks (``GPU_PEAKS``: H200, H100, A100; matched by substring).
+
+    ``t(B) = max(params * bytes_per_param / BW, B * 2 * params / FLOPs) + overhead_s`` and ``SPS(B) = 1 / t(B)``
+    for B = 1..max_batch: the weights are streamed once per step (memory-bound floor), the matmuls cost 2 FLOPs per
+    parameter per token (compute-bound slope), plus a fixed per-step overhead. KV-cache reads and attention FLOPs
+    are ignored, so real steps are slower at long context. The result is non-increasing in B.
+    """
+    peak = next((p for key, p in GPU_PEAKS.items() if key in gpu), None)
+    if peak is None:
+        raise ValueError(f"gpu must name one of {sorted(GPU_PEAKS)}, got {gpu!r}")
+    if not _positive_finite(params) or not _positive_finite(bytes_per_param) or overhead_s < 0 or max_batch < 1:
+        raise ValueError("params, bytes_per_param must be > 0, overhead_s >= 0 and max_batch >= 1")
+    bw, flops = peak
+    sizes = tuple(range(1, max_batch + 1))
+    sps = tuple(1.0 / (max(params * bytes_per_param / bw, b * 2.0 * params / flops) + overhead_s) for b in sizes)
+    formula = (
+        f"t(B) = max({params:.4g} * {bytes_per_param} B / {bw:.4g} B/s, B * 2 * {params:.4g} / {flops:.4g} FLOP/s)"
+        f" + {overhead_s} s; SPS = 1 / t"
+    )
+    return SPSProfile(gpu, model, sizes, (sps,), source="modelled", formula=formula)
+
+
+def _default_sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile_target(
+    step_fn: Callable[[int], object],
+    max_batch: int,
+    *,
+    device: str,
+    model: str,
+    batch_sizes: Sequence[int] | None = None,
+    warmup: int = 3,
+    repeats: int = 10,
+    sync: Callable[[], None] = _default_sync,
+) -> SPSProfile:
+    """Measure steps/s at each batch size (default 1..max_batch): ``1 / median`` of ``repeats`` timed steps.
+
+    ``step_fn(B)`` runs one verify forward of B tokens; ``sync`` waits for the device (CUDA synchronise by
+    default) before and after each timed call. ``warmup`` untimed calls per size absorb compilation/graph capture.
+    """
+    sizes = tuple(batch_sizes) if batch_sizes is not None else tuple(range(1, max_batch + 1))
+    if warmup < 0 or repeats < 1:
+        raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
+    rates = []
+    for b in sizes:
+        for _ in range(warmup):
+            step_fn(b)
+        sync()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step_fn(b)
+            sync()
+            times.append(time.perf_counter() - start)
+        rates.append(1.0 / max(statistics.median(times), 1e-9))
+    return SPSProfile(device, model, sizes, (tuple(rates),), source="measured")

@@ -1,0 +1,386 @@
+"""Prefix survival, Algorithm 1, top-K and the production capacity: Triton (interpreted) vs reference, brute force,
+hand-worked cases, the Appendix A losslessness counterexample, SPS profiles and bad inputs."""
+
+import itertools
+import json
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dspark_kernels.engine.sps import SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
+from dspark_kernels.ops import (
+    capacity_unconstrained,
+    prefix_survival,
+    select_verify_lengths_alg1,
+    select_verify_lengths_topk,
+)
+from dspark_kernels.reference.survival import candidate_order, theta_path
+
+IMPLS = ["torch", "triton"]
+
+
+def cu_of(lens) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int64)
+
+
+def table(values, unused=1.0) -> torch.Tensor:
+    """sps_table with SPS(B) = values[B - 1] (entry 0 unused)."""
+    return torch.tensor([unused, *values], dtype=torch.float32)
+
+
+def survival_of(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([a for row in rows for a in row], dtype=torch.float32), cu_of([len(row) for row in rows])
+
+
+def decreasing_sps(bmax: int, gen: torch.Generator) -> torch.Tensor:
+    """A random steps/s curve: a flat memory-bound part, then t(B) growing like B^p (p in [1, 2])."""
+    b = torch.arange(bmax + 1, dtype=torch.float64)
+    knee = float(torch.randint(1, bmax + 1, (1,), generator=gen))
+    p = 1.0 + float(torch.rand(1, generator=gen))
+    slope = 0.02 + 0.3 * float(torch.rand(1, generator=gen))
+    t = 1.0 + slope * (b.clamp(min=knee) - knee + 1).pow(p)
+    return (1.0 / t).float()
+
+
+def random_batch(r: int, gamma: int, gen: torch.Generator, quantized: bool):
+    """Random ragged confidence logits (some empty requests, some zero confidences, ties when quantized)."""
+    lens = torch.randint(0, gamma + 1, (r,), generator=gen)
+    lens[0] = gamma
+    n = int(lens.sum())
+    if quantized:
+        logits = torch.randint(-2, 4, (n,), generator=gen).float()  # many equal logits -> ties
+    else:
+        logits = 3 * torch.randn(n, generator=gen)
+    logits[torch.rand(n, generator=gen) < 0.05] = -1e4  # sigmoid underflows to exactly 0
+    temps = 0.5 + torch.rand(gamma, generator=gen)
+    return logits, cu_of(lens.tolist()), temps
+
+
+# ------------------------------------------------------------------------------------------- Triton vs reference
+CONFIGS = [(1, 1), (1, 16), (3, 1), (5, 4), (16, 7), (64, 16)]
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["continuous", "ties"])
+@pytest.mark.parametrize("r,gamma", CONFIGS)
+def test_triton_matches_reference(r, gamma, quantized):
+    gen = torch.Generator().manual_seed(1000 * r + gamma + quantized)
+    logits, cu, temps = random_batch(r, gamma, gen, quantized)
+    for t in (temps, None):
+        ref = prefix_survival(logits, cu, t, impl="torch")
+        tri = prefix_survival(logits, cu, t, impl="triton")
+        torch.testing.assert_close(tri, ref, rtol=1e-6, atol=1e-7)
+        assert torch.equal(tri == 0, ref == 0)
+    n = logits.numel()
+    for bmax in (r, r + n // 3, r + n + 5):  # tables ending at B = R, mid-path, and past every candidate
+        sps = decreasing_sps(bmax, gen)
+        lens_ref = select_verify_lengths_alg1(ref, cu, sps, impl="torch")
+        assert torch.equal(select_verify_lengths_alg1(ref, cu, sps, impl="triton"), lens_ref)
+        assert bool((lens_ref <= cu[1:] - cu[:-1]).all()) and int(lens_ref.sum()) <= bmax - r
+        k_ref = capacity_unconstrained(ref, cu, sps, impl="torch")
+        assert torch.equal(capacity_unconstrained(ref, cu, sps, impl="triton"), k_ref)
+    for k in (0, 1, n // 2, n + 3):
+        lens_ref = select_verify_lengths_topk(ref, cu, k, impl="torch")
+        assert torch.equal(select_verify_lengths_topk(ref, cu, torch.tensor([k]), impl="triton"), lens_ref)
+        assert int(lens_ref.sum()) == min(k, int((ref > 0).sum()))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_survival_values_and_temperatures(impl):
+    # request 0: logits (0, ln 3) at T = (1, 0.5) -> c = (1/2, sigmoid(2 ln 3) = 9/10) -> a = (0.5, 0.45)
+    # request 1: empty; request 2: logit -1e4 -> c = 0 exactly
+    logits = torch.tensor([0.0, float(torch.tensor(3.0).log()), -1e4])
+    a = prefix_survival(logits, cu_of([2, 0, 1]), torch.tensor([1.0, 0.5]), impl=impl)
+    torch.testing.assert_close(a, torch.tensor([0.5, 0.45, 0.0]))
+    assert a[2] == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_requests_and_no_slots(impl):
+    empty = torch.zeros(0)
+    assert prefix_survival(empty, cu_of([]), impl=impl).numel() == 0
+    assert select_verify_lengths_alg1(empty, cu_of([]), table([1.0]), impl=impl).numel() == 0
+    lens = select_verify_lengths_alg1(empty, cu_of([0, 0]), table([1.0, 1.0]), impl=impl)
+    assert lens.tolist() == [0, 0] and lens.dtype == torch.int32
+    assert select_verify_lengths_topk(empty, cu_of([0, 0]), 5, impl=impl).tolist() == [0, 0]
+
+
+# ------------------------------------------------------------------------------------------- hand-worked cases
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_worked_tie_break_and_stop(impl):
+    # r0: a = (0.5, 0.25), r1: a = (0.5). Order: (r0, j1) and (r1, j1) tie at 0.5 -> lower j, then lower r: r0 first;
+    # then (r0, j2). SPS(2..5) = 1.0, 0.9, 0.625, 0.5.
+    # Theta0 = 2 * 1.0 = 2.0; admit (r0,1): B=3, tau=2.5, 2.5*0.9 = 2.25 > 2.0 keep;
+    # admit (r1,1): B=4, tau=3.0, 3.0*0.625 = 1.875 <= 2.25 stop -> l = (1, 0).
+    a, cu = survival_of([[0.5, 0.25], [0.5]])
+    assert select_verify_lengths_alg1(a, cu, table([1.0, 1.0, 0.9, 0.625, 0.5]), impl=impl).tolist() == [1, 0]
+    # with SPS(4) = 0.8: 3.0*0.8 = 2.4 > 2.25 keep; admit (r0,2): B=5, tau=3.25, 3.25*0.5 = 1.625 stop -> (1, 1).
+    assert select_verify_lengths_alg1(a, cu, table([1.0, 1.0, 0.9, 0.8, 0.5]), impl=impl).tolist() == [1, 1]
+    # top-2 of the same order admits (r0,1), (r1,1)
+    assert select_verify_lengths_topk(a, cu, 2, impl=impl).tolist() == [1, 1]
+    assert select_verify_lengths_topk(a, cu, 1, impl=impl).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_worked_early_stop_vs_capacity(impl):
+    # App. A numbers, R = 1, a = (0.8, 0.72), SPS(1, 2, 3) = 1.0, 0.5, 0.45:
+    # Theta0 = 1.0; Theta1 = 1.8 * 0.5 = 0.9 <= 1.0 -> Algorithm 1 stops at l = 0;
+    # Theta2 = 2.52 * 0.45 = 1.134 is the global maximum -> capacity K = 2.
+    a, cu = survival_of([[0.8, 0.72]])
+    sps = table([1.0, 0.5, 0.45])
+    assert select_verify_lengths_alg1(a, cu, sps, impl=impl).tolist() == [0]
+    assert capacity_unconstrained(a, cu, sps, impl=impl).tolist() == [2]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_hand_worked_table_end_ties_and_zeros(impl):
+    flat = table([1.0] * 8)  # memory-bound: every a > 0 improves Theta
+    # Bmax = 3, R = 2: Theta0 = 2; (r0,1): B=3, 2.9 > 2 keep; next B=4 is past the table -> stop.
+    a, cu = survival_of([[0.9], [0.9]])
+    assert select_verify_lengths_alg1(a, cu, table([1.0, 1.0, 1.0]), impl=impl).tolist() == [1, 0]
+    # equal survival inside a request keeps prefix order; flat SPS admits all of it
+    a, cu = survival_of([[0.5, 0.5, 0.5], [0.5]])
+    assert select_verify_lengths_alg1(a, cu, flat, impl=impl).tolist() == [3, 1]
+    # order (r0,1), (r1,1), (r0,2), (r0,3): top-3 -> (2, 1)
+    assert select_verify_lengths_topk(a, cu, 3, impl=impl).tolist() == [2, 1]
+    # zero survival is never admitted, by either rule, even with budget to spare
+    a, cu = survival_of([[0.5, 0.0, 0.0], [0.0], []])
+    assert select_verify_lengths_alg1(a, cu, flat, impl=impl).tolist() == [1, 0, 0]
+    assert select_verify_lengths_topk(a, cu, 10, impl=impl).tolist() == [1, 0, 0]
+    assert capacity_unconstrained(a, cu, flat, impl=impl).tolist() == [1]
+
+
+# ------------------------------------------------------------------------------------------------- brute force
+def theta_of(lens, rows, sps) -> float | None:
+    b = len(rows) + sum(lens)
+    if b >= sps.numel():
+        return None
+    tau = len(rows) + sum(sum(row[:n]) for row, n in zip(rows, lens))
+    return tau * float(sps[b])
+
+
+def test_alg1_equals_brute_force_when_unimodal():
+    gen = torch.Generator().manual_seed(7)
+    checked = 0
+    for _ in range(150):
+        r = int(torch.randint(1, 4, (1,), generator=gen))
+        gamma = int(torch.randint(1, 4, (1,), generator=gen))
+        rows = [torch.rand(gamma, generator=gen).clamp(min=0.05).cumprod(0).tolist() for _ in range(r)]
+        a, cu = survival_of(rows)
+        rows = [[float(x) for x in a[cu[i]:cu[i + 1]]] for i in range(r)]  # the float32 values the op sees
+        sps = decreasing_sps(r * (gamma + 1) + int(torch.randint(-r, 2, (1,), generator=gen)), gen)
+        path = theta_path(candidate_order(a, cu)[0], r, sps)
+        stop = int((path[1:] > path[:-1]).long().cumprod(0).sum())
+        if stop + 1 < path.numel() and float(path[stop + 1:].max()) > float(path[stop]):
+            continue  # Theta is not unimodal along the greedy path: Algorithm 1 may stop early by design
+        best = max(t for lens in itertools.product(range(gamma + 1), repeat=r) if (t := theta_of(lens, rows, sps)))
+        for impl in IMPLS:
+            lens = select_verify_lengths_alg1(a, cu, sps, impl=impl).tolist()
+            assert theta_of(lens, rows, sps) == pytest.approx(best, rel=1e-9)
+        checked += 1
+    assert checked >= 50
+
+
+# ------------------------------------------------------------------------------------------------- Appendix A
+P_TARGET = torch.tensor([0.7, 0.3], dtype=torch.float64)  # tokens A = 0, B = 1
+P_DRAFT = torch.tensor([0.5, 0.5], dtype=torch.float64)
+SPS_APP_A = table([1.0, 0.5, 0.45])
+
+
+def live_survival(x1: int) -> torch.Tensor:
+    """a1 = 0.8 for any draft; c2 = 0.9 after x1 = A, 0 after x1 = B."""
+    return torch.tensor([0.8, 0.8 * (0.9 if x1 == 0 else 0.0)], dtype=torch.float32)
+
+
+def first_token(x1: torch.Tensor, verify_len: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """First emitted token of standard speculative sampling, vectorised over samples.
+
+    l = 0: sample the target. l >= 1: accept x1 iff u < min(1, p/q), else sample normalize(max(0, p - q)).
+    """
+    n = x1.numel()
+    u = torch.rand(n, generator=gen, dtype=torch.float64)
+    accept = u < (P_TARGET[x1] / P_DRAFT[x1]).clamp(max=1.0)
+    residual = (P_TARGET - P_DRAFT).clamp(min=0.0)
+    from_residual = torch.multinomial(residual / residual.sum(), n, replacement=True, generator=gen)
+    from_target = torch.multinomial(P_TARGET, n, replacement=True, generator=gen)
+    verified = torch.where(accept, x1, from_residual)
+    return torch.where(verify_len >= 1, verified, from_target)
+
+
+def chi2_p(tokens: torch.Tensor) -> tuple[float, torch.Tensor]:
+    counts = torch.bincount(tokens, minlength=2).double()
+    return float(chisquare(counts.numpy(), (P_TARGET * counts.sum()).numpy()).pvalue), counts / counts.sum()
+
+
+def run_rounds(schedule, n: int = 400_000, seed: int = 3):
+    """Draw x1 from the draft, look up the verify length the scheduler picks for it, emit the first token."""
+    gen = torch.Generator().manual_seed(seed)
+    x1 = torch.multinomial(P_DRAFT, n, replacement=True, generator=gen)
+    lens = torch.tensor([schedule(x) for x in (0, 1)])
+    return chi2_p(first_token(x1, lens[x1], gen))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_appendix_a_global_search_is_biased_alg1_is_lossless(impl):
+    cu = cu_of([2])
+
+    def global_search(x1):  # searches past the first non-improvement using the live c2
+        k = capacity_unconstrained(live_survival(x1), cu, SPS_APP_A, impl=impl)
+        return int(select_verify_lengths_topk(live_survival(x1), cu, k, impl=impl)[0])
+
+    def alg1(x1):
+        return int(select_verify_lengths_alg1(live_survival(x1), cu, SPS_APP_A, impl=impl)[0])
+
+    assert [global_search(0), global_search(1)] == [2, 0]  # x1 decides whether x1 itself is verified
+    p_global, freq_global = run_rounds(global_search)
+    assert p_global < 1e-12
+    torch.testing.assert_close(freq_global, torch.tensor([0.85, 0.15], dtype=torch.float64), atol=5e-3, rtol=0)
+    assert [alg1(0), alg1(1)] == [0, 0]
+    p_alg1, freq_alg1 = run_rounds(alg1)
+    assert p_alg1 > 1e-3, freq_alg1
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_production_capacity_from_stale_confidences_is_lossless(impl):
+    cu = cu_of([2])
+    gen = torch.Generator().manual_seed(11)
+    n = 400_000
+    # the stale round's first draft token (two rounds back, independent of the live one) sets K
+    stale_x1 = torch.multinomial(P_DRAFT, n, replacement=True, generator=gen)
+    ks = [int(capacity_unconstrained(live_survival(x), cu, SPS_APP_A, impl=impl)) for x in (0, 1)]
+    assert ks == [2, 0]
+    lens = torch.tensor(
+        [[int(select_verify_lengths_topk(live_survival(x), cu, k, impl=impl)[0]) for x in (0, 1)] for k in ks]
+    )
+    assert lens.tolist() == [[2, 1], [0, 0]]  # with K = 2, x1 = B still verifies x1 (slot 2 has a = 0)
+    x1 = torch.multinomial(P_DRAFT, n, replacement=True, generator=gen)
+    p, freq = chi2_p(first_token(x1, lens[stale_x1, x1], gen))
+    assert p > 1e-3, freq
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_capacity_does_not_depend_on_the_live_draft(impl):
+    gen = torch.Generator().manual_seed(5)
+    logits, cu, temps = random_batch(16, 7, gen, quantized=False)
+    stale = prefix_survival(logits, cu, temps, impl=impl)
+    sps = decreasing_sps(16 * 8, gen)
+    k = capacity_unconstrained(stale, cu, sps, impl=impl)
+    for _ in range(5):  # any live draft: the budget is the same K, and top-K spends exactly min(K, candidates)
+        live = prefix_survival(3 * torch.randn(logits.numel(), generator=gen), cu, temps, impl=impl)
+        assert torch.equal(capacity_unconstrained(stale, cu, sps, impl=impl), k)
+        lens = select_verify_lengths_topk(live, cu, k, impl=impl)
+        assert int(lens.sum()) == min(int(k), int((live > 0).sum()))
+
+
+# ------------------------------------------------------------------------------------------------ SPS profiles
+def test_sps_profile_round_trip(tmp_path):
+    prof = SPSProfile("NVIDIA H200", "qwen3-8b", (1, 2, 4, 8), ((90.0, 89.0, 80.0, 60.0),))
+    path = prof.save(tmp_path)
+    assert path.name == "NVIDIA_H200__qwen3_8b.json"
+    assert load_profile("NVIDIA H200", "qwen3-8b", tmp_path) == prof
+    # staircase kept as measured: B = 3 runs in the B = 4 bucket; nothing past B = 8
+    assert prof.as_table(6).tolist() == [90.0, 90.0, 89.0, 80.0, 80.0, 60.0, 60.0]
+    assert prof.as_table(100).numel() == 9
+
+
+def test_sps_profile_context_buckets(tmp_path):
+    prof = SPSProfile("A100", "m", (1, 2), ((50.0, 40.0), (20.0, 15.0)), context_buckets=(1024, 8192))
+    assert read_profile(prof.save(tmp_path)) == prof
+    assert prof.as_table(2, context_len=512).tolist() == [50.0, 50.0, 40.0]
+    assert prof.as_table(2, context_len=4096).tolist() == [20.0, 20.0, 15.0]
+
+
+def _valid_dict() -> dict:
+    return SPSProfile("H100", "m", (1, 2), ((10.0, 9.0),)).to_dict()
+
+
+@pytest.mark.parametrize(
+    "edit,field",
+    [
+        (lambda d: d.pop("model"), "model"),
+        (lambda d: d.update(extra=1), "extra"),
+        (lambda d: d.update(steps_per_s=[[10.0, -1.0]]), "steps_per_s"),
+        (lambda d: d.update(steps_per_s=[[10.0, float("nan")]]), "steps_per_s"),
+        (lambda d: d.update(steps_per_s=[[10.0]]), "steps_per_s"),
+        (lambda d: d.update(batch_sizes=[2, 1]), "batch_sizes"),
+        (lambda d: d.update(batch_sizes=[0, 1]), "batch_sizes"),
+        (lambda d: d.update(source="guessed"), "source"),
+        (lambda d: d.update(context_buckets=[1, 2]), "steps_per_s"),
+    ],
+)
+def test_sps_profile_malformed_rejected(tmp_path, edit, field):
+    d = _valid_dict()
+    edit(d)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=field) as err:
+        read_profile(path)
+    assert str(path) in str(err.value)
+
+
+def test_sps_profile_not_json_and_missing(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_profile(path)
+    with pytest.raises(FileNotFoundError, match="profile_target") as err:
+        load_profile("NVIDIA H200", "nomodel", tmp_path)
+    assert str(tmp_path / "NVIDIA_H200__nomodel.json") in str(err.value)
+
+
+def test_analytic_roofline_is_modelled_staircase():
+    prof = analytic_roofline("NVIDIA H200", 8e9, max_batch=512)
+    assert prof.source == "modelled" and "max(" in prof.formula
+    t = prof.as_table(512)
+    assert bool((t[1:] > 0).all()) and bool((t[2:] <= t[1:-1]).all())
+    assert t[1] == t[16]  # memory-bound: weights streamed once per step
+    assert t[512] < t[1]  # compute-bound at large B
+    with pytest.raises(ValueError, match="gpu"):
+        analytic_roofline("TPU", 8e9)
+
+
+def test_profile_target_measures_each_size():
+    calls = []
+    prof = profile_target(calls.append, 3, device="cpu", model="fake", warmup=1, repeats=2, sync=lambda: None)
+    assert prof.source == "measured" and prof.batch_sizes == (1, 2, 3)
+    assert calls == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert all(v > 0 for v in prof.steps_per_s[0])
+
+
+# -------------------------------------------------------------------------------------------------- bad inputs
+def test_bad_inputs():
+    logits, cu = torch.zeros(3), cu_of([2, 1])
+    with pytest.raises(ValueError, match="conf_logits.*NaN"):
+        prefix_survival(torch.tensor([0.0, float("nan"), 0.0]), cu)
+    with pytest.raises(ValueError, match="conf_logits.*Inf"):
+        prefix_survival(torch.tensor([0.0, float("inf"), 0.0]), cu)
+    with pytest.raises(ValueError, match="position_temperatures must be > 0"):
+        prefix_survival(logits, cu, torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match="position_temperatures has 1"):
+        prefix_survival(logits, cu, torch.tensor([1.0]))
+    with pytest.raises(ValueError, match=r"cu_num_draft_tokens\[-1\]"):
+        prefix_survival(logits, cu_of([2, 2]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        prefix_survival(logits, torch.tensor([0, 2, 1, 3]))
+    with pytest.raises(TypeError, match="conf_logits"):
+        prefix_survival(logits.long(), cu)
+
+    a, sps = torch.tensor([0.5, 0.25, 0.5]), table([1.0, 1.0, 0.5])
+    for bad, what in [([0.5, 1.5, 0.5], r"\[0, 1\]"), ([0.5, -0.1, 0.5], r"\[0, 1\]"),
+                      ([0.5, float("nan"), 0.5], "NaN"), ([0.25, 0.5, 0.5], "non-increasing")]:
+        with pytest.raises(ValueError, match=f"survival.*{what}"):
+            select_verify_lengths_alg1(torch.tensor(bad), cu, sps)
+    with pytest.raises(ValueError, match="sps_table must cover B = R = 2"):
+        select_verify_lengths_alg1(a, cu, table([1.0]))
+    with pytest.raises(ValueError, match="sps_table entries"):
+        select_verify_lengths_alg1(a, cu, table([1.0, 0.0, 0.5]))
+    with pytest.raises(ValueError, match="sps_table contains NaN"):
+        select_verify_lengths_alg1(a, cu, table([1.0, float("nan"), 0.5]))
+    with pytest.raises(ValueError, match="survival_stale"):
+        capacity_unconstrained(torch.tensor([0.5, 2.0, 0.5]), cu, sps)
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        select_verify_lengths_topk(a, cu, -1)
+    with pytest.raises(ValueError, match="budget must be >= 0"):
+        select_verify_lengths_topk(a, cu, torch.tensor([-2]))
+    with pytest.raises(TypeError, match="budget"):
+        select_verify_lengths_topk(a, cu, 1.5)
