@@ -1,0 +1,67 @@
+"""Scheduler speed: prefix_survival + select_verify_lengths_alg1, the reference on CPU and Triton on CUDA.
+
+Shapes: R in {1, 64, 256} requests, gamma = 16 draft slots each (N = 16 R). Bytes ~ the [N] float32 logits read,
+survival written, the sort's key/index traffic and the three scan passes (~ 16 N * 4); FLOPs ~ N log2 N (the sort).
+Every record carries ``scheduler_s`` (median seconds per schedule) and, against a modelled target step (H200
+roofline, 8e9 parameters, a verify batch of R (1 + gamma) tokens), ``pct_of_target_step``: the DSpark goal is a
+scheduler cost below 1% of a target step at R = 256, gamma = 16.
+"""
+
+import math
+
+import pytest
+import torch
+
+from dspark_kernels.engine.sps import analytic_roofline
+from dspark_kernels.ops import prefix_survival, select_verify_lengths_alg1
+from perf.roofline import record, sync
+
+GAMMA = 16
+TARGET_PARAMS = 8e9
+
+
+def _run(benchmark, device, r, impl):
+    gen = torch.Generator().manual_seed(r)
+    n = r * GAMMA
+    logits = (2 + 2 * torch.randn(n, generator=gen)).to(device)
+    cu = torch.arange(0, n + 1, GAMMA, dtype=torch.int64, device=device)
+    temps = torch.ones(GAMMA, device=device)
+    model = analytic_roofline("H200", TARGET_PARAMS, max_batch=r * (GAMMA + 1))
+    sps = model.as_table(r * (GAMMA + 1)).to(device)
+
+    def step():
+        a = prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
+        select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
+        sync(device)
+
+    step()
+    benchmark(step)
+    record(
+        benchmark,
+        shapes={"R": r, "gamma": GAMMA, "N": n},
+        bytes_moved=16.0 * n * 4,
+        flops=n * math.log2(max(n, 2)),
+        impl=impl,
+    )
+    median = benchmark.stats.stats.median
+    target_step = 1.0 / float(sps[-1])
+    benchmark.extra_info.update(
+        {
+            "scheduler_s": median,
+            "target_step_s_modelled": target_step,
+            "target_model": model.formula,
+            "pct_of_target_step": 100.0 * median / target_step,
+        }
+    )
+
+
+@pytest.mark.parametrize("r", [1, 64, 256])
+def test_survival_schedule_reference_cpu(benchmark, r):
+    _run(benchmark, torch.device("cpu"), r, "torch")
+
+
+@pytest.mark.parametrize("r", [1, 64, 256])
+def test_survival_schedule_triton_cuda(benchmark, r):
+    if not torch.cuda.is_available():
+        pytest.skip("the Triton kernels are timed on CUDA only (the interpreter is not a speed reference)")
+    _run(benchmark, torch.device("cuda"), r, "triton")
