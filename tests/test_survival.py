@@ -85,6 +85,23 @@ def test_triton_matches_reference(r, gamma, quantized):
         assert int(lens_ref.sum()) == min(k, int((ref > 0).sum()))
 
 
+def test_triton_matches_reference_exact_ties():
+    # c in {0, 0.5, 1}: survival values are powers of two, tied across requests and inside a request (c = 1)
+    gen = torch.Generator().manual_seed(2)
+    lens = torch.randint(0, 9, (48,), generator=gen)
+    cu = cu_of(lens.tolist())
+    c = torch.tensor([0.0, 0.5, 1.0, 1.0])[torch.randint(0, 4, (int(lens.sum()),), generator=gen)]
+    a = prefix_survival(torch.logit(c.double()).float().clamp(-1e4, 1e4), cu, impl="torch")
+    assert bool((a == 1.0).any()) and bool((a == 0.0).any())
+    for bmax in (48, 80, 48 * 9):
+        sps = decreasing_sps(bmax, gen)
+        lens_ref = select_verify_lengths_alg1(a, cu, sps, impl="torch")
+        assert torch.equal(select_verify_lengths_alg1(a, cu, sps, impl="triton"), lens_ref)
+        assert torch.equal(capacity_unconstrained(a, cu, sps, impl="triton"), capacity_unconstrained(a, cu, sps))
+    for k in (1, 7, 30, 500):
+        assert torch.equal(select_verify_lengths_topk(a, cu, k, impl="triton"), select_verify_lengths_topk(a, cu, k))
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_survival_values_and_temperatures(impl):
     # request 0: logits (0, ln 3) at T = (1, 0.5) -> c = (1/2, sigmoid(2 ln 3) = 9/10) -> a = (0.5, 0.45)

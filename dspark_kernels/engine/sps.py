@@ -139,9 +139,12 @@ def _check_fields(data: object, where: str) -> None:
     missing, extra = _KEYS - data.keys(), data.keys() - _KEYS
     if missing or extra:
         raise ValueError(f"SPS profile {where}: missing fields {sorted(missing)}, unknown fields {sorted(extra)}")
-    for name in ("device", "model", "formula", "created"):
-        if not isinstance(data[name], str) or (name in ("device", "model") and not data[name]):
-            raise _fail(where, name, "must be a (non-empty for device/model) string")
+    for name in ("device", "model"):
+        if not isinstance(data[name], str) or not data[name]:
+            raise _fail(where, name, "must be a non-empty string")
+    for name in ("formula", "created"):
+        if not isinstance(data[name], str):
+            raise _fail(where, name, "must be a string")
     if data["source"] not in SOURCES:
         raise _fail(where, "source", f"must be one of {SOURCES}, got {data['source']!r}")
     sizes = data["batch_sizes"]

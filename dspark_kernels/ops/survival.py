@@ -156,6 +156,7 @@ def _theta_path_triton(a_sorted: torch.Tensor, num_requests: int, sps_table: tor
 
 
 def _scatter_lengths_triton(count: torch.Tensor, ordered: tuple[torch.Tensor, ...], num_requests: int) -> torch.Tensor:
+    """Lengths ``[R]`` int32 from the first ``count`` (a ``[1]`` int32 device tensor) sorted candidates."""
     a_sorted, req_sorted, pos_sorted = ordered
     n = a_sorted.numel()
     lens = torch.zeros(num_requests, dtype=torch.int32, device=a_sorted.device)
