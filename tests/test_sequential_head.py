@@ -1,0 +1,393 @@
+"""sequential_head: Triton (interpreted on CPU) vs reference parity for every head kind, train/inference consistency
+of the module, statistical check that the emitted draft probabilities are what the tokens were drawn from, the
+degenerate kinds, and input validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import dspark_kernels.reference.sequential_head as ref_module
+from dspark_kernels.models.sequential_head import SequentialHead
+from dspark_kernels.noise import uniform_noise
+from dspark_kernels.ops import sequential_head
+from dspark_kernels.ops.sequential_head import SequentialHeadWeights
+from dspark_kernels.reference._sampling import inverse_cdf_ref, target_probs_ref
+
+KINDS = ["none", "vanilla", "gated", "rnn"]
+
+# ----------------------------------------------------------------------------------------------------------- helpers
+
+
+def _cu(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int64)
+
+
+def make_weights(kind: str, v: int, d: int, r: int, scale: float = 0.5) -> SequentialHeadWeights:
+    """Random weights in the op's layout, large enough that the bias moves the samples."""
+    if kind == "none":
+        return SequentialHeadWeights("none", conf_w=torch.randn(d) * 0.1, conf_b=torch.tensor(0.3))
+    fields = dict(
+        w1=torch.randn(v, r) * scale, w2=torch.randn(r, v) * scale,
+        conf_w=torch.randn(d + r) * 0.1, conf_b=torch.tensor(-0.2),
+    )
+    if kind == "gated":
+        fields.update(gate_w=torch.randn(d + r, r) * 0.3, gate_b=torch.randn(r) * 0.1)
+    if kind == "rnn":
+        fields.update(rnn_w=torch.randn(2 * r + d, 3 * r) * 0.3, rnn_b=torch.randn(3 * r) * 0.1)
+    return SequentialHeadWeights(kind, **fields)
+
+
+def make_args(
+    lens: list[int],
+    v: int,
+    kind: str = "vanilla",
+    *,
+    d: int = 12,
+    r: int = 8,
+    temps: list[float] | None = None,
+    top_k: list[int] | None = None,
+    top_p: list[float] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> dict:
+    """A random ragged batch as keyword arguments of ``sequential_head``."""
+    n, num_req = sum(lens), len(lens)
+    temps = temps if temps is not None else [1.0] * num_req
+    return dict(
+        base_logits=(torch.randn(n, v) * 2).to(dtype),
+        hidden=torch.randn(n, d),
+        anchor_tokens=torch.randint(0, v, (num_req,)),
+        cu_num_draft_tokens=_cu(lens),
+        weights=make_weights(kind, v, d, r),
+        temperature=torch.tensor(temps, dtype=torch.float32),
+        top_k=torch.tensor(top_k, dtype=torch.int64) if top_k is not None else None,
+        top_p=torch.tensor(top_p, dtype=torch.float32) if top_p is not None else None,
+        uniforms=torch.rand(n).clamp(1e-7, 1 - 1e-7),
+    )
+
+
+def run_both(args: dict):
+    """Run Triton and the reference; tokens bit-equal, probabilities and confidences fp32-close; return the reference."""
+    tri = sequential_head(**args, impl="triton")
+    ref = sequential_head(**args, impl="torch")
+    assert torch.equal(tri.tokens, ref.tokens)
+    torch.testing.assert_close(tri.draft_probs, ref.draft_probs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(tri.confidence_logits, ref.confidence_logits, rtol=1e-5, atol=1e-5)
+    check_structure(args, ref)
+    return ref
+
+
+def check_structure(args: dict, res) -> None:
+    """Dtypes, rows summing to 1, the token inside its row's support, one-hot rows for greedy requests."""
+    n, v = args["base_logits"].shape
+    assert res.tokens.dtype == torch.int64 and res.draft_probs.dtype == torch.float32
+    assert res.confidence_logits.dtype == torch.float32 and res.draft_probs.shape == (n, v)
+    if n == 0:
+        return
+    torch.testing.assert_close(res.draft_probs.sum(dim=1), torch.ones(n), rtol=0, atol=1e-5)
+    assert bool((res.draft_probs.gather(1, res.tokens[:, None]) > 0).all())
+    cu = args["cu_num_draft_tokens"]
+    slot_temp = torch.repeat_interleave(args["temperature"], cu[1:] - cu[:-1])
+    greedy_rows = res.draft_probs[slot_temp == 0]
+    assert bool(((greedy_rows == 0) | (greedy_rows == 1)).all())
+
+
+# ----------------------------------------------------------------------------------------------------- parity tests
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_ragged_mixed(kind):
+    args = make_args([3, 0, 2, 5, 0, 1], 300, kind, temps=[1.0, 0.7, 0.0, 1.3, 1.0, 0.0])
+    run_both(args)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_parity_all_greedy_without_uniforms(kind):
+    args = make_args([4, 1, 0, 3], 200, kind, temps=[0.0] * 4)
+    args["uniforms"] = None
+    res = run_both(args)
+    assert bool((res.draft_probs.max(dim=1).values == 1).all())
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_parity_top_k_top_p(kind):
+    args = make_args(
+        [3, 2, 4, 0, 2], 40, kind,
+        temps=[1.0, 0.5, 2.0, 1.0, 0.0], top_k=[0, 1, 5, 3, 2], top_p=[0.9, 1.0, 0.5, 0.3, 0.8],
+    )
+    res = run_both(args)
+    assert bool(((res.draft_probs[3:5] > 0).sum(dim=1) == 1).all())  # request 1 has top-k 1
+
+
+@pytest.mark.parametrize("v", [1023, 1025, 4097])
+def test_parity_vocab_edges(v):
+    run_both(make_args([2, 0, 3], v, "vanilla", r=4, temps=[1.0, 1.0, 0.0]))
+
+
+def test_parity_large_rank_and_hidden_tiles():
+    run_both(make_args([3, 2], 130, "rnn", d=70, r=35, temps=[1.0, 0.0]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_parity_half_base_logits(dtype):
+    args = make_args([3, 1, 2], 257, "gated", temps=[1.0, 0.0, 0.6], dtype=dtype)
+    args["hidden"] = args["hidden"].to(dtype)
+    run_both(args)
+
+
+def test_no_requests_and_no_slots():
+    for lens in ([], [0, 0]):
+        args = make_args(lens, 50, "rnn")
+        for impl in ("triton", "torch"):
+            res = sequential_head(**args, impl=impl)
+            assert res.tokens.shape == (0,) and res.draft_probs.shape == (0, 50)
+
+
+# --------------------------------------------------------------------------------------------- degenerate kinds
+
+
+def test_kind_none_is_plain_filtered_sampling():
+    args = make_args([3, 2, 4], 60, "none", temps=[1.0, 0.5, 0.0], top_k=[0, 7, 0], top_p=[0.9, 1.0, 1.0])
+    res = run_both(args)
+    slot_req = torch.repeat_interleave(torch.arange(3), torch.tensor([3, 2, 4]))
+    probs = target_probs_ref(
+        args["base_logits"], args["temperature"][slot_req], args["top_k"][slot_req], args["top_p"][slot_req]
+    )
+    sampled = inverse_cdf_ref(probs, args["uniforms"])
+    greedy = args["temperature"][slot_req] == 0
+    assert torch.equal(res.tokens, torch.where(greedy, args["base_logits"].argmax(dim=1), sampled))
+    torch.testing.assert_close(res.draft_probs[~greedy], probs[~greedy], rtol=0, atol=0)
+    h = args["hidden"]
+    torch.testing.assert_close(res.confidence_logits, h @ args["weights"].conf_w + args["weights"].conf_b)
+
+
+def test_greedy_is_argmax_of_base_plus_bias():
+    args = make_args([4], 90, "vanilla", temps=[0.0])
+    res = run_both(args)
+    w = args["weights"]
+    prev = torch.cat([args["anchor_tokens"], res.tokens[:-1]])
+    logits = args["base_logits"] + w.w1[prev] @ w.w2
+    assert torch.equal(res.tokens, logits.argmax(dim=1))
+    assert not torch.equal(res.tokens, args["base_logits"].argmax(dim=1))  # the bias matters here
+
+
+def test_greedy_ties_take_lowest_index_across_tiles():
+    args = make_args([2], 1100, "vanilla", temps=[0.0])
+    args["weights"] = args["weights"]._replace(w2=torch.zeros_like(args["weights"].w2))
+    args["base_logits"] = torch.zeros(2, 1100)
+    args["base_logits"][:, [700, 1030, 520]] = 5.0
+    res = run_both(args)
+    assert res.tokens.tolist() == [520, 520]
+
+
+# ----------------------------------------------------------------------------------- module (train / inference)
+
+
+def _random_module(kind: str, v: int, d: int, rank: int) -> SequentialHead:
+    head = SequentialHead(v, d, rank, kind="vanilla" if kind == "none" else kind)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.4)
+    return head
+
+
+@pytest.mark.parametrize("kind, impl", [*[(k, "torch") for k in KINDS], ("rnn", "triton"), ("gated", "triton")])
+def test_teacher_forced_matches_sampling(kind, impl):
+    """Replaying the sampled block with its own tokens as ``prev_tokens`` reproduces draft probs and confidences."""
+    b, g, v, d = 5, 4, 70, 10
+    head = _random_module(kind, v, d, 0 if kind == "none" else 6)
+    base, hidden = torch.randn(b, g, v) * 2, torch.randn(b, g, d)
+    anchor = torch.randint(0, v, (b,))
+    temp = torch.tensor([1.0, 0.0, 0.7, 1.0, 0.0])
+    top_k, top_p = torch.tensor([0, 0, 5, 0, 0]), torch.tensor([1.0, 1.0, 1.0, 0.8, 1.0])
+    res = head.sample(
+        base.reshape(b * g, v), hidden.reshape(b * g, d), anchor, _cu([g] * b), temp, top_k, top_p,
+        torch.rand(b * g), impl=impl,
+    )
+    tokens = res.tokens.reshape(b, g)
+    prev = torch.cat([anchor[:, None], tokens[:, :-1]], dim=1)
+    logits, conf = head.teacher_forced(base, hidden, prev)
+    assert logits.dtype == torch.float32 and logits.shape == (b, g, v)
+    rep = lambda t: t.repeat_interleave(g)  # noqa: E731
+    probs = target_probs_ref(logits.detach().reshape(b * g, v), rep(temp), rep(top_k), rep(top_p))
+    stochastic = rep(temp) > 0
+    torch.testing.assert_close(res.draft_probs[stochastic], probs[stochastic], rtol=1e-5, atol=1e-6)
+    assert torch.equal(res.tokens[~stochastic], logits.detach().reshape(b * g, v)[~stochastic].argmax(dim=1))
+    torch.testing.assert_close(res.confidence_logits, conf.detach().reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_module_init_bias_is_zero_and_trainable():
+    head = SequentialHead(50, 8, 4, kind="rnn")
+    base, hidden = torch.randn(2, 3, 50, dtype=torch.bfloat16), torch.randn(2, 3, 8)
+    logits, conf = head.teacher_forced(base, hidden, torch.randint(0, 50, (2, 3)))
+    assert torch.equal(logits, base.float())
+    (logits.logsumexp(-1).sum() + conf.sum()).backward()
+    assert all(p.grad is not None for p in head.parameters())
+
+
+def test_module_rank_zero_is_none_with_confidence_on_hidden():
+    head = SequentialHead(30, 8, 0, kind="gated")
+    w = head.weights()
+    assert head.kind == "none" and w.kind == "none" and w.w1 is None and w.conf_w.shape == (8,)
+    base, hidden = torch.randn(1, 2, 30), torch.randn(1, 2, 8)
+    logits, conf = head.teacher_forced(base, hidden, torch.zeros(1, 2, dtype=torch.int64))
+    assert torch.equal(logits, base)
+    torch.testing.assert_close(conf, head.confidence(hidden).squeeze(-1))
+
+
+def test_module_without_confidence_gives_zero_logits():
+    head = _random_module("vanilla", 30, 8, 4)
+    head.confidence = None
+    res = head.sample(torch.randn(3, 30), torch.randn(3, 8), torch.tensor([1]), _cu([3]), torch.tensor([1.0]),
+                      uniforms=torch.rand(3))
+    assert torch.equal(res.confidence_logits, torch.zeros(3))
+
+
+# ----------------------------------------------------------------------------------- draft probs are the sampler
+
+
+def _fixed_block(kind: str, num_req: int, gamma: int, v: int, top_k: int) -> dict:
+    """``num_req`` identical requests (same anchor, logits, hidden) with per-request seeded uniforms, so the slots'
+    draft distributions depend only on the sampled prefix."""
+    d, r = 6, 4
+    gen = torch.Generator().manual_seed(1)
+    weights = make_weights(kind, v, d, r, scale=1.0)
+    seeds = torch.arange(num_req)
+    return dict(
+        base_logits=torch.randn(gamma, v, generator=gen).repeat(num_req, 1),
+        hidden=torch.randn(gamma, d, generator=gen).repeat(num_req, 1),
+        anchor_tokens=torch.full((num_req,), 2),
+        cu_num_draft_tokens=_cu([gamma] * num_req),
+        weights=weights,
+        temperature=torch.full((num_req,), 0.9),
+        top_k=torch.full((num_req,), top_k),
+        top_p=None,
+        uniforms=uniform_noise(seeds, torch.zeros_like(seeds), (gamma,)).reshape(-1),
+    )
+
+
+def slot_p_values(res, gamma: int) -> list[float]:
+    """Per slot: group the rows by their (exactly equal) draft distribution and pool a chi-square test of each
+    group's token counts against it (cells expecting < 5 merged); tokens of zero probability fail outright."""
+    v = res.draft_probs.shape[1]
+    p_values = []
+    for k in range(gamma):
+        probs, tokens = res.draft_probs[k::gamma], res.tokens[k::gamma]
+        rows, group = torch.unique(probs, dim=0, return_inverse=True)
+        stat, dof = 0.0, 0
+        for gi, p in enumerate(rows):
+            counts = torch.bincount(tokens[group == gi], minlength=v).double()
+            size = counts.sum()
+            expected = p.double() * size
+            assert bool((counts[p == 0] == 0).all()), "a token of zero draft probability was sampled"
+            big = expected >= 5
+            obs = torch.cat([counts[big], counts[~big].sum()[None]])
+            exp = torch.cat([expected[big], expected[~big].sum()[None]])
+            keep = exp > 0
+            if int(keep.sum()) < 2:
+                continue
+            stat += float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+            dof += int(keep.sum()) - 1
+        p_values.append(float(stats.chi2.sf(stat, dof)))
+    return p_values
+
+
+@pytest.mark.parametrize("kind, top_k", [("vanilla", 0), ("rnn", 4), ("gated", 0)])
+def test_tokens_follow_emitted_draft_probs(kind, top_k):
+    gamma = 3
+    args = _fixed_block(kind, 30_000, gamma, 6, top_k)
+    res = sequential_head(**args, impl="torch", check_inputs=False)
+    assert min(slot_p_values(res, gamma)) > 1e-3
+
+
+def test_chi_square_catches_a_wrong_draw(monkeypatch):
+    """Mutation check: drawing from a sharpened row while emitting the true one must fail the test above."""
+    gamma = 3
+    args = _fixed_block("vanilla", 30_000, gamma, 6, 0)
+    monkeypatch.setattr(ref_module, "inverse_cdf_ref", lambda w, u: inverse_cdf_ref(w**2, u))
+    res = sequential_head(**args, impl="torch", check_inputs=False)
+    assert max(slot_p_values(res, gamma)) < 1e-6
+
+
+# ------------------------------------------------------------------------------------------------------- bad input
+
+
+def _set(key, value):
+    return lambda a: a.__setitem__(key, value(a) if callable(value) else value)
+
+
+def _weight(field, value):
+    return lambda a: a.__setitem__("weights", a["weights"]._replace(**{field: value(a["weights"])}))
+
+
+def _nan(key, value):
+    return _set(key, lambda a: a[key].index_fill(0, torch.tensor([1]), value))
+
+
+BAD_INPUTS = [
+    ("base_logits", _set("base_logits", lambda a: a["base_logits"].double())),
+    ("base_logits", _set("base_logits", lambda a: a["base_logits"][None])),
+    ("base_logits", _nan("base_logits", float("nan"))),
+    ("base_logits", _nan("base_logits", float("-inf"))),
+    ("hidden", _set("hidden", lambda a: a["hidden"][:-1])),
+    ("hidden", _set("hidden", lambda a: a["hidden"].long())),
+    ("anchor_tokens", _set("anchor_tokens", lambda a: torch.full_like(a["anchor_tokens"], 20))),
+    ("anchor_tokens", _set("anchor_tokens", lambda a: torch.full_like(a["anchor_tokens"], -1))),
+    ("anchor_tokens", _set("anchor_tokens", lambda a: a["anchor_tokens"][:-1])),
+    ("anchor_tokens", _set("anchor_tokens", lambda a: a["anchor_tokens"].float())),
+    ("cu_num_draft_tokens", _set("cu_num_draft_tokens", torch.tensor([0, 3, 2, 5]))),
+    ("cu_num_draft_tokens", _set("cu_num_draft_tokens", torch.tensor([0, 1, 2, 4]))),
+    ("cu_num_draft_tokens", _set("cu_num_draft_tokens", torch.tensor([1, 2, 3, 5]))),
+    ("weights", _set("weights", lambda a: tuple(a["weights"]))),
+    ("weights.kind", _weight("kind", lambda w: "lstm")),
+    ("weights.w1", _weight("w1", lambda w: w.w1[:-1])),
+    ("weights.w1", _weight("w1", lambda w: None)),
+    ("weights.w2", _weight("w2", lambda w: w.w2[:, :-1])),
+    ("weights.w2", _weight("w2", lambda w: w.w2[:-1])),
+    ("weights.gate_w", _weight("gate_w", lambda w: w.gate_w[:-1])),
+    ("weights.gate_w", _weight("gate_w", lambda w: None)),
+    ("weights.gate_b", _weight("gate_b", lambda w: w.gate_b.long())),
+    ("weights.conf_w", _weight("conf_w", lambda w: w.conf_w[:-1])),
+    ("weights.conf_b", _weight("conf_b", lambda w: w.conf_b[None])),
+    ("weights.conf_w", _weight("conf_b", lambda w: None)),
+    ("temperature", _set("temperature", torch.tensor([1.0, -0.5, 1.0]))),
+    ("temperature", _set("temperature", torch.tensor([1.0, float("nan"), 1.0]))),
+    ("temperature", _set("temperature", torch.tensor([1.0, 1.0]))),
+    ("top_k", _set("top_k", torch.tensor([1, -1, 0]))),
+    ("top_k", _set("top_k", torch.tensor([1.0, 1.0, 0.0]))),
+    ("top_p", _set("top_p", torch.tensor([0.5, 0.0, 1.0]))),
+    ("top_p", _set("top_p", torch.tensor([0.5, 1.5, 1.0]))),
+    ("uniforms", _set("uniforms", None)),
+    ("uniforms", _set("uniforms", lambda a: torch.zeros_like(a["uniforms"]))),
+    ("uniforms", _set("uniforms", lambda a: a["uniforms"][:-1])),
+]
+
+
+@pytest.mark.parametrize("name, mutate", BAD_INPUTS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(BAD_INPUTS)])
+def test_bad_input(name, mutate):
+    args = make_args([2, 0, 3], 20, "gated", top_k=[0, 1, 2], top_p=[1.0, 0.5, 0.9])
+    mutate(args)
+    with pytest.raises((ValueError, TypeError), match=name.replace(".", r"\.")):
+        sequential_head(**args, impl="torch")
+
+
+def test_bad_rnn_weights_name_the_hidden_size():
+    args = make_args([2, 1], 20, "rnn")
+    args["hidden"] = torch.randn(3, 13)
+    with pytest.raises(ValueError, match=r"weights\.rnn_w.*hidden size"):
+        sequential_head(**args, impl="torch")
+
+
+@pytest.mark.parametrize("impl", ["triton", "torch"])
+def test_inputs_unchanged(impl):
+    args = make_args([3, 0, 2], 64, "rnn", temps=[1.0, 0.5, 0.0], top_k=[0, 3, 0], top_p=[0.9, 1.0, 1.0])
+    before = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    weights_before = [t.clone() if t is not None else None for t in args["weights"][1:]]
+    sequential_head(**args, impl=impl)
+    for k, v in args.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.equal(v, before[k]), k
+    for t, t0 in zip(args["weights"][1:], weights_before):
+        assert (t is None and t0 is None) or torch.equal(t, t0)
