@@ -69,7 +69,7 @@ def make_args(
 
 
 def run_both(args: dict):
-    """Run Triton and the reference; tokens bit-equal, probabilities and confidences fp32-close; return the reference."""
+    """Run Triton and the reference: tokens bit-equal, probabilities and confidences fp32-close; return the ref."""
     tri = sequential_head(**args, impl="triton")
     ref = sequential_head(**args, impl="torch")
     assert torch.equal(tri.tokens, ref.tokens)

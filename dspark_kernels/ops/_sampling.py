@@ -16,11 +16,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-ONE_BITS = 0x3F800000  # float32 bit pattern of 1.0, the largest exp(scaled - max)
+_ONE_BITS = tl.constexpr(0x3F800000)  # float32 bit pattern of 1.0, the largest exp(scaled - max)
 
 
 @triton.jit
-def sortable_key(x):
+def _sortable_key(x):
     """Map float32 to int32 so that signed integer order equals float order (-0.0 maps to the key of +0.0)."""
     b = x.to(tl.int32, bitcast=True)
     key = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
@@ -35,13 +35,13 @@ def _count_keys_ge(row_ptr, V, thr, BLOCK_V: tl.constexpr):
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         x = tl.load(row_ptr + idx, mask=idx < V, other=0.0)
-        hit = (sortable_key(x).to(tl.int64) >= thr) & (idx < V)
+        hit = (_sortable_key(x).to(tl.int64) >= thr) & (idx < V)
         count += tl.sum(hit.to(tl.int64), 0)
     return count
 
 
 @triton.jit
-def sum_bits_ge(row_ptr, V, thr, BLOCK_V: tl.constexpr):
+def _sum_bits_ge(row_ptr, V, thr, BLOCK_V: tl.constexpr):
     """Sum of the non-negative float32 row's entries whose bit pattern is >= ``thr``."""
     offs = tl.arange(0, BLOCK_V)
     total = tl.zeros((), dtype=tl.float32)
@@ -70,10 +70,10 @@ def _top_k_key(row_ptr, V, k, lo, hi, BLOCK_V: tl.constexpr):
 def _top_p_bits(row_ptr, V, need, BLOCK_V: tl.constexpr):
     """Bisection over float bit patterns in ``[0, bits(1.0)]`` for the largest t with ``sum(e[e >= t]) >= need``."""
     lo = tl.zeros((), dtype=tl.int64)
-    hi = lo + ONE_BITS
+    hi = lo + _ONE_BITS
     while lo < hi:
         mid = lo + (hi - lo + 1) // 2
-        ok = sum_bits_ge(row_ptr, V, mid, BLOCK_V) >= need
+        ok = _sum_bits_ge(row_ptr, V, mid, BLOCK_V) >= need
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
@@ -104,13 +104,13 @@ def filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req,
     if HAS_TOP_K:
         k = tl.load(top_k_ptr + req).to(tl.int64)
         if (k > 0) & (k < V):
-            keep_key = _top_k_key(ws_row, V, k, sortable_key(least), sortable_key(best), BLOCK_V)
+            keep_key = _top_k_key(ws_row, V, k, _sortable_key(least), _sortable_key(best), BLOCK_V)
     z = tl.zeros((), dtype=tl.float32)
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         valid = idx < V
         x = tl.load(ws_row + idx, mask=valid, other=0.0)
-        e = tl.where(valid & (sortable_key(x).to(tl.int64) >= keep_key), tl.exp(x - best), 0.0)
+        e = tl.where(valid & (_sortable_key(x).to(tl.int64) >= keep_key), tl.exp(x - best), 0.0)
         tl.store(ws_row + idx, e, mask=valid)
         z += tl.sum(e, 0)
     keep_bits = tl.zeros((), dtype=tl.int64)
@@ -118,7 +118,7 @@ def filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req,
         p = tl.load(top_p_ptr + req).to(tl.float32)
         if p < 1.0:
             keep_bits = _top_p_bits(ws_row, V, p * z, BLOCK_V)
-            z = sum_bits_ge(ws_row, V, keep_bits, BLOCK_V)
+            z = _sum_bits_ge(ws_row, V, keep_bits, BLOCK_V)
     for start in range(0, V, BLOCK_V):
         idx = start + offs
         valid = idx < V

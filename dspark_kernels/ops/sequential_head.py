@@ -5,7 +5,7 @@ Layout (ragged, R requests, N draft slots in all, vocabulary V, hidden size d, r
     hidden               [N, d] float           backbone hidden state h_k of each slot
     anchor_tokens        [R] int32/int64        x_0 of each request (the target's last token)
     cu_num_draft_tokens  [R + 1] int32/int64    offsets ``cu``; lengths 0..gamma
-    weights              SequentialHeadWeights  see :class:`~dspark_kernels.reference.sequential_head.SequentialHeadWeights`
+    weights              SequentialHeadWeights  kind and weight matrices (see the class docstring)
     temperature          [R] float32 >= 0       0 = greedy
     top_k                [R] int | None         0 = off
     top_p                [R] float32 | None     in (0, 1]; 1 = off
