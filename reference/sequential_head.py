@@ -48,29 +48,29 @@ class SequentialHeadResult(NamedTuple):
     confidence_logits: torch.Tensor
 
 
-def latent_step(
+def _latent_step(
     weights: SequentialHeadWeights, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One slot of the head before ``w2``: ``(lat [B, r], new state [B, r] | None)`` from the Markov embedding
-    ``e [B, r]``, the hidden state ``h [B, d]`` and (rnn) the previous state ``[B, r]``; all float32."""
+    ``e [B, r]``, the hidden state ``h [B, d]`` and (rnn) the previous state ``[B, r]``; float32 weights."""
     if weights.kind == "vanilla":
         return e, state
     if weights.kind == "gated":
-        g = torch.sigmoid(torch.cat([h, e], dim=1) @ weights.gate_w.float() + weights.gate_b.float())
+        g = torch.sigmoid(torch.cat([h, e], dim=1) @ weights.gate_w + weights.gate_b)
         return g * e, state
-    z = torch.cat([state, e, h], dim=1) @ weights.rnn_w.float() + weights.rnn_b.float()
+    z = torch.cat([state, e, h], dim=1) @ weights.rnn_w + weights.rnn_b
     a, c, o = z.chunk(3, dim=1)
     gate = torch.sigmoid(a)
     return torch.tanh(o), gate * state + (1 - gate) * torch.tanh(c)
 
 
-def confidence_ref(weights: SequentialHeadWeights, h: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+def _confidence(weights: SequentialHeadWeights, h: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
     """Confidence logits ``[B]`` float32 from ``h [B, d]`` and the Markov embedding ``e [B, r]`` of the previous
-    token (``None`` for kind ``"none"``); zeros without a confidence head."""
+    token (``None`` for kind ``"none"``); zeros without a confidence head; float32 weights."""
     if weights.conf_w is None:
         return torch.zeros(h.shape[0], dtype=torch.float32, device=h.device)
     features = h if e is None else torch.cat([h, e], dim=1)
-    return features @ weights.conf_w.float() + weights.conf_b.float()
+    return features @ weights.conf_w + weights.conf_b
 
 
 def sequential_head_ref(
@@ -90,6 +90,7 @@ def sequential_head_ref(
     """
     n, v = base_logits.shape
     dev = base_logits.device
+    weights = _as_float32(weights)
     cu = cu_num_draft_tokens.long()
     lens = cu[1:] - cu[:-1]
     r = lens.numel()
@@ -106,16 +107,21 @@ def sequential_head_ref(
         logits = base_logits[rows].float()
         e = None
         if weights.kind != "none":
-            e = weights.w1.float()[prev[req]]
-            lat, new_state = latent_step(weights, e, h, state[req])
+            e = weights.w1[prev[req]]
+            lat, new_state = _latent_step(weights, e, h, state[req])
             if new_state is not None:
                 state[req] = new_state
-            logits = logits + lat @ weights.w2.float()
-        conf[rows] = confidence_ref(weights, h, e)
+            logits = logits + lat @ weights.w2
+        conf[rows] = _confidence(weights, h, e)
         u = uniforms[rows] if uniforms is not None else None
         tokens[rows], probs[rows] = _draw(logits, req, temperature, top_k, top_p, u)
         prev[req] = tokens[rows]
     return SequentialHeadResult(tokens, probs, conf)
+
+
+def _as_float32(weights: SequentialHeadWeights) -> SequentialHeadWeights:
+    """The weights with every tensor converted to float32 once (a no-op for float32 weights)."""
+    return weights._replace(**{f: t.float() for f, t in zip(weights._fields[1:], weights[1:]) if t is not None})
 
 
 def _draw(
