@@ -391,3 +391,35 @@ def test_inputs_unchanged(impl):
             assert torch.equal(v, before[k]), k
     for t, t0 in zip(args["weights"][1:], weights_before):
         assert (t is None and t0 is None) or torch.equal(t, t0)
+
+
+# --------------------------------------------------------------------------------------------- GPU compilation
+
+_COMPILE_SCRIPT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from dspark_kernels.ops.sequential_head import _sequential_head_kernel as kernel
+
+consts = dict(HAS_CONF=True, HAS_TOP_K=True, HAS_TOP_P=True, BLOCK_V=512, BLOCK_R=16, BLOCK_D=64)
+names = kernel.arg_names
+for kind in range(4):
+    sig = {n: "constexpr" if n in consts or n == "KIND" else "*fp32" if n.endswith("_ptr") else "i32" for n in names}
+    values = {**consts, "KIND": kind}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in values.items()})
+    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+"""
+
+
+def test_kernel_compiles_for_cuda():
+    """The interpreter accepts code that the GPU compiler rejects (e.g. non-constexpr globals): compile every kind
+    for sm_90 in a subprocess without ``TRITON_INTERPRET`` (needs no GPU)."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the parity tests compile and run the kernel")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
