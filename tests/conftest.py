@@ -12,6 +12,10 @@ if not torch.cuda.is_available():
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+# The tests run many tiny ops (interpreted kernels, per-request loops): one intra-op thread is faster for them and
+# immune to the catastrophic slow-down of oversubscribed OpenMP threads when the machine is busy.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed_everything():

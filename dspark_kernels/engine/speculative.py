@@ -1,0 +1,224 @@
+"""Draft -> verify -> accept decoding at batch size 1..N with a fixed verify length (any drafter).
+
+Round structure for every live request (anchor ``x0`` = its last emitted token, not yet seen by the target):
+1. the drafter proposes ``gamma`` tokens (with draft probabilities and, when it has one, confidence logits);
+2. the target runs one ragged forward over ``[x0, d_1 .. d_gamma]`` of every request, returning logits at every
+   position and the hidden states the drafter needs;
+3. :func:`dspark_kernels.ops.rejection_sample` accepts a prefix and emits a correction or bonus token (lossless);
+4. the target's cache drops the rejected drafts; the drafter's context grows by the features of ``x0`` and the accepted
+   drafts; the emitted token becomes the next anchor.
+
+The first token of each request comes from the prefill's logits (as in plain generation), so at temperature 0 the
+output is token-for-token the target's greedy output. Per-request randomness is counter-based: round ``t`` of a request
+with seed ``s`` uses ``(s, t)`` for the drafter's and the verifier's uniforms, so results do not depend on batching.
+
+Metrics kept on the device, read once at the end: a histogram of accepted drafts per round (``tau`` = mean accepted
++ 1, conditional acceptance by position) and the verifier's per-position counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+import torch
+
+from ..models import CausalLM
+from ..models.drafter_api import Drafter
+from ..models.generate import _per_request
+from ..noise import uniform_noise
+from ..ops import rejection_sample
+from ..ops.rejection_sample import rejection_noise
+
+__all__ = ["SpecResult", "speculative_generate"]
+
+DRAFT_NOISE_STREAM = 7
+
+
+@dataclass
+class SpecResult:
+    """Per-request new tokens and finish reasons, plus round statistics.
+
+    ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts; ``tau``: mean emitted tokens per round
+    (accepted + the correction/bonus token); ``acceptance_by_position[j]``: P(draft j+1 accepted | drafts 1..j
+    accepted); ``rounds``: draft/verify rounds summed over requests; ``steps``: target forwards (prefill included).
+    """
+
+    tokens: list[list[int]]
+    finish_reasons: list[str]
+    elapsed_s: float
+    steps: int
+    rounds: int
+    accept_hist: list[int]
+    gamma: int
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tau(self) -> float:
+        total = sum(self.accept_hist)
+        return sum((a + 1) * n for a, n in enumerate(self.accept_hist)) / total if total else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        reached = [sum(self.accept_hist[j:]) for j in range(self.gamma + 1)]
+        return [reached[j + 1] / reached[j] if reached[j] else float("nan") for j in range(self.gamma)]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Requests:
+    """Per-request sampling parameters as device tensors, indexed by the live set."""
+
+    def __init__(self, n, temperature, top_k, top_p, seeds, device):
+        self.temperature = torch.tensor(_per_request("temperature", temperature, n, float), dtype=torch.float32)
+        self.top_k = torch.tensor(_per_request("top_k", top_k, n, int), dtype=torch.int32)
+        self.top_p = torch.tensor(_per_request("top_p", top_p, n, float), dtype=torch.float32)
+        if bool((self.temperature < 0).any()) or bool((self.top_k < 0).any()) or not bool(
+                ((self.top_p > 0) & (self.top_p <= 1)).all()):
+            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1 for every request")
+        seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else seeds
+        self.seeds = torch.tensor(_per_request("seeds", seeds, n, int), dtype=torch.int64)
+        self.greedy = bool((self.temperature == 0).all())
+        self.device = device
+
+    def take(self, live: list[int]):
+        idx = torch.tensor(live, dtype=torch.long)
+        d = self.device
+        return (self.temperature[idx].to(d), self.top_k[idx].to(d), self.top_p[idx].to(d), self.seeds[idx].to(d))
+
+
+def speculative_generate(
+    target: CausalLM,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    gamma: int,
+    temperature: float | Sequence[float] = 0.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    seeds: Sequence[int] | None = None,
+    eos_token_id: int | None = None,
+    page_size: int = 16,
+    impl: str | None = None,
+) -> SpecResult:
+    """Speculative decoding of every prompt (see module docstring); same arguments as ``models.generate`` plus the
+    drafter and the verify length ``gamma``."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    prompts = [list(p) for p in prompts]
+    if any(not p for p in prompts):
+        raise ValueError("every prompt must hold at least one token")
+    n, dev = len(prompts), target.device
+    reqs = _Requests(n, temperature, top_k, top_p, seeds, dev)
+    out: list[list[int]] = [[] for _ in range(n)]
+    reasons = ["length"] * n
+    hist = torch.zeros(gamma + 1, dtype=torch.int64, device=dev)
+    t0 = time.perf_counter()
+    if n == 0 or max_new_tokens == 0:
+        return SpecResult(out, reasons, 0.0, 0, 0, hist.tolist(), gamma)
+
+    budget = [len(p) + max_new_tokens + gamma + 1 for p in prompts]
+    tcache = target.new_cache(sum(-(-b // page_size) for b in budget), page_size)
+    dstate = drafter.new_state(sum(-(-b // page_size) for b in budget), page_size)
+    for i in range(n):
+        tcache.add_request(i)
+        drafter.add_request(dstate, i)
+    layers = tuple(drafter.feature_layers)
+
+    def features_of(hidden: dict) -> torch.Tensor:
+        return torch.cat([hidden[layer] for layer in layers], dim=-1)
+
+    # prefill: every prompt at once; its last logits give the first token (the first anchor)
+    live = list(range(n))
+    lens = [len(p) for p in prompts]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
+    fwd = target(ids, cu, live, tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
+    drafter.extend(dstate, live, ids, features_of(fwd.hidden_states), cu)
+    temp, tk, tp, seed = reqs.take(live)
+    zero_cu = torch.zeros(n + 1, dtype=torch.int32, device=dev)
+    rounds_done = torch.zeros(n, dtype=torch.int64, device=dev)
+    acc_u, smp_u = (None, None) if reqs.greedy else rejection_noise(seed, rounds_done, zero_cu, 0, max_spec_len=0)
+    first = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, fwd.logits, temp, tk, tp,
+                             acc_u, smp_u, max_spec_len=0, impl=impl, check_inputs=False).output_token_ids[:, 0]
+    anchors: dict[int, int] = {}
+    for i, tok in zip(live, first.tolist()):
+        out[i].append(tok)
+        anchors[i] = tok
+    steps, n_rounds, draft_s, verify_s = 1, 0, 0.0, 0.0
+    live = _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate)
+    rounds = [1] * n  # noise counter per request (round 0 was the prefill draw)
+
+    while live:
+        r = len(live)
+        temp, tk, tp, seed = reqs.take(live)
+        offs = torch.tensor([rounds[i] for i in live], dtype=torch.int64, device=dev)
+        anchor_t = torch.tensor([anchors[i] for i in live], dtype=torch.int64, device=dev)
+        td = time.perf_counter()
+        draft_u = None if reqs.greedy else uniform_noise(seed, offs, (gamma,), stream=DRAFT_NOISE_STREAM).reshape(-1)
+        drafted = drafter.draft(dstate, live, anchor_t, gamma, temp, tk, tp, draft_u, impl=impl)
+        _sync(dev)
+        tv = time.perf_counter()
+        draft_s += tv - td
+
+        block = torch.cat([anchor_t[:, None], drafted.tokens.view(r, gamma)], dim=1)  # [R, gamma + 1]
+        cu_v = torch.arange(0, (r + 1) * (gamma + 1), gamma + 1, dtype=torch.int32, device=dev)
+        fwd = target(block.reshape(-1), cu_v, live, tcache, hidden_layers=layers, impl=impl, check_inputs=False)
+        cu_d = torch.arange(0, (r + 1) * gamma, gamma, dtype=torch.int32, device=dev)
+        acc_u, smp_u = (None, None) if reqs.greedy else rejection_noise(seed, offs, cu_d, r * gamma,
+                                                                         max_spec_len=gamma)
+        res = rejection_sample(drafted.tokens, cu_d, None if reqs.greedy else drafted.draft_probs, fwd.logits, temp,
+                               tk, tp, acc_u, smp_u, max_spec_len=gamma, impl=impl, check_inputs=False)
+        hist.index_add_(0, res.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
+        n_acc = res.num_accepted.tolist()
+        emitted = res.output_token_ids.tolist()
+        steps += 1
+        n_rounds += r
+
+        keep_cu = [0]
+        for i, a in zip(live, n_acc):
+            tcache.rollback(i, gamma - a)
+            keep_cu.append(keep_cu[-1] + a + 1)
+            rounds[i] += 1
+        keep_rows = torch.cat([torch.arange(j * (gamma + 1), j * (gamma + 1) + a + 1, device=dev)
+                               for j, a in enumerate(n_acc)])
+        drafter.extend(dstate, live, block.reshape(-1)[keep_rows], features_of(fwd.hidden_states)[keep_rows],
+                       torch.tensor(keep_cu, dtype=torch.int32, device=dev))
+        for j, (i, a) in enumerate(zip(live, n_acc)):
+            out[i].extend(emitted[j][: a + 1])
+            anchors[i] = emitted[j][a]
+        _sync(dev)
+        verify_s += time.perf_counter() - tv
+        live = _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate)
+
+    _sync(dev)
+    return SpecResult(out, reasons, time.perf_counter() - t0, steps, n_rounds, hist.tolist(), gamma,
+                      draft_s=draft_s, verify_s=verify_s)
+
+
+def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate) -> list[int]:
+    """Apply the length cap and EOS (an emitted EOS ends the request, later tokens dropped); free finished ones."""
+    still = []
+    for i in live:
+        toks = out[i]
+        del toks[max_new:]
+        if eos is not None and eos in toks:
+            del toks[toks.index(eos) + 1:]
+            reasons[i] = "eos"
+        if reasons[i] == "eos" or len(toks) >= max_new:
+            tcache.free(i)
+            drafter.free(dstate, i)
+        else:
+            still.append(i)
+    return still

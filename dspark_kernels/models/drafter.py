@@ -1,0 +1,350 @@
+"""DSpark / DFlash block drafter: a parallel backbone over target features plus a sequential head.
+
+Backbone (paper §2, DSpark's anchor-predicts variant): for a request whose last emitted token (the *anchor* x_0) sits
+at position P, the block input is ``[x_0, MASK x (gamma - 1)]`` at positions ``P .. P + gamma - 1``; block slot k
+(0-based) predicts the token at ``P + k + 1``.
+
+* Context features: the target's raw hidden states of ``feature_layers`` for every committed position ``< P``,
+  concatenated (``[T, m * hidden]``), projected by a bias-free ``fc`` and RMS-normalised (``hidden_norm``) into
+  ``H_ctx``.
+* Every draft layer is a target-family decoder layer (pre-norm attention + SwiGLU MLP, Qwen3 q/k-norm). Its queries
+  come from the block; its keys/values are the concatenation of ``k/v_proj(H_ctx)`` (same projections, RoPE at the
+  context's absolute positions) and ``k/v_proj(norm(block))`` (RoPE at the block positions). Attention is non-causal
+  within the block.
+* The final norm and the target's frozen LM head give the base logits ``U_k``; the target's frozen embedding embeds the
+  block input. Neither is stored with the drafter.
+
+The sequential head (:class:`~dspark_kernels.models.sequential_head.SequentialHead`) adds the Markov/RNN bias of the
+previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash.
+
+Inference keeps a per-request paged cache of projected context K/V (:class:`PagedKVCache` with one entry per draft
+layer) that grows with accepted tokens (:meth:`BlockDrafter.extend_context`); the block's own K/V never enter it.
+Training (:meth:`BlockDrafter.forward_train`) packs many anchors of one sequence into one pass with the mask
+"context strictly before the anchor + the anchor's own block".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import draft_block_attention, sequential_head
+from .config import ModelConfig
+from .drafter_api import DraftOutput
+from .kv_cache import PagedKVCache
+from .sequential_head import SequentialHead
+from .transformer import MLP, CausalLM, RMSNorm, apply_rope
+
+__all__ = ["BlockDrafter", "DrafterConfig", "load_block_drafter"]
+
+MAX_GAMMA = 16
+HEAD_KINDS = ("none", "vanilla", "gated", "rnn")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Hyper-parameters of a block drafter (stored as ``drafter_config.json``).
+
+    ``vocab_size``/``hidden_size`` record the target it was built for, so a mismatched target is refused at load.
+    """
+
+    feature_layers: tuple[int, ...]
+    mask_token_id: int
+    vocab_size: int
+    hidden_size: int
+    num_layers: int = 2
+    gamma: int = 7
+    head_kind: str = "vanilla"
+    markov_rank: int = 64
+    confidence: bool = True
+    name: str = "dspark"
+
+    def validate(self, target: ModelConfig) -> None:
+        if not 1 <= self.num_layers <= 5:
+            raise ValueError(f"num_layers must be in 1..5, got {self.num_layers}")
+        if not 1 <= self.gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {self.gamma}")
+        if self.head_kind not in HEAD_KINDS:
+            raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+        if (self.head_kind == "none") != (self.markov_rank == 0):
+            raise ValueError(f"markov_rank 0 goes with head_kind 'none' (pure DFlash); got {self.markov_rank}, "
+                             f"{self.head_kind!r}")
+        if self.vocab_size != target.vocab_size:
+            raise ValueError(f"drafter vocab_size {self.vocab_size} does not match the target's {target.vocab_size}")
+        if self.hidden_size != target.hidden_size:
+            raise ValueError(f"drafter hidden_size {self.hidden_size} does not match the target's "
+                             f"{target.hidden_size}")
+        if not self.feature_layers:
+            raise ValueError("feature_layers must name at least one target layer")
+        for layer in self.feature_layers:
+            if not 0 <= layer < target.num_hidden_layers - 1:
+                raise ValueError(
+                    f"feature_layers entry {layer} must be a target layer in [0, {target.num_hidden_layers - 1}) "
+                    "(the final layer is excluded: HF exposes it only after the final norm)"
+                )
+        if not 0 <= self.mask_token_id < target.vocab_size:
+            raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {target.vocab_size})")
+
+
+class DraftAttention(nn.Module):
+    """Target-family attention whose keys/values also cover the projected context (see module docstring)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.hq * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.hkv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.hkv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.hq * d, h, bias=cfg.attention_bias)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]`` -> roped queries ``[T, Hq, D]``."""
+        q = self.q_proj(x).view(x.shape[0], self.hq, self.d)
+        return apply_rope(self.q_norm(q) if self.qk_norm else q, cos, sin)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, hidden]`` -> roped keys and values ``[T, Hkv, D]``."""
+        k = self.k_proj(x).view(x.shape[0], self.hkv, self.d)
+        v = self.v_proj(x).view(x.shape[0], self.hkv, self.d)
+        return apply_rope(self.k_norm(k) if self.qk_norm else k, cos, sin), v
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual around attention (``attn_out [T, Hq * D]``), then the MLP block."""
+        x = x + self.self_attn.o_proj(attn_out)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@dataclass
+class Proposal:
+    """One drafting round: base logits ``U [N, V]`` and hidden ``h [N, hidden]`` of every block slot, requests
+    flattened by ``cu [R + 1]`` (each request's block length)."""
+
+    base_logits: torch.Tensor
+    hidden: torch.Tensor
+    cu: torch.Tensor
+
+
+class BlockDrafter(nn.Module):
+    """DSpark (or DFlash with ``markov_rank = 0``) drafter bound to a target model's embedding and LM head."""
+
+    def __init__(self, cfg: DrafterConfig, target: CausalLM) -> None:
+        super().__init__()
+        cfg.validate(target.config)
+        self.config = cfg
+        self.layer_config = dataclasses.replace(target.config, num_hidden_layers=cfg.num_layers)
+        h = target.config.hidden_size
+        self.fc = nn.Linear(len(cfg.feature_layers) * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, target.config.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(self.layer_config) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(h, target.config.rms_norm_eps)
+        head_kind = cfg.head_kind if cfg.markov_rank > 0 else "vanilla"  # rank 0 makes the head "none" regardless
+        self.head = SequentialHead(cfg.vocab_size, h, cfg.markov_rank, kind=head_kind, confidence=cfg.confidence)
+        # frozen, shared with the target (plain attributes: not parameters of the drafter, not saved)
+        self.__dict__["target"] = target
+
+    # ------------------------------------------------------------------ shared pieces
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.target.model.embed_tokens.weight)
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Base logits ``U`` (fp32) from the last hidden state through the final norm and the frozen LM head."""
+        return F.linear(self.norm(h), self.target.lm_head.weight).float()
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.target._rope(positions, dtype)
+
+    def context_features(self, features: torch.Tensor) -> torch.Tensor:
+        """``[T, m * hidden]`` concatenated target features -> ``H_ctx [T, hidden]``."""
+        return self.hidden_norm(self.fc(features))
+
+    def block_inputs(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
+        """``anchors [R]`` -> block token ids ``[R, gamma]``: the anchor then ``gamma - 1`` MASK tokens."""
+        ids = torch.full((anchors.shape[0], gamma), self.config.mask_token_id, dtype=torch.long, device=anchors.device)
+        ids[:, 0] = anchors
+        return ids
+
+    # ------------------------------------------------------------------ inference (the Drafter protocol)
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.config.feature_layers
+
+    def new_state(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
+        return self.new_cache(num_pages, page_size)
+
+    def add_request(self, state: PagedKVCache, rid: Hashable) -> None:
+        state.add_request(rid)
+
+    def free(self, state: PagedKVCache, rid: Hashable) -> None:
+        state.free(rid)
+
+    def extend(self, state: PagedKVCache, rids: Sequence[Hashable], token_ids: torch.Tensor, features: torch.Tensor,
+               cu: torch.Tensor) -> None:
+        """Committed tokens enter the context through their target features only (``token_ids`` unused)."""
+        self.extend_context(state, rids, features, cu)
+
+    def draft(self, state: PagedKVCache, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
+              temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
+              impl: str | None = None) -> DraftOutput:
+        """Backbone pass, then the sequential head op left to right over each block."""
+        prop = self.propose(state, rids, anchors, gamma, impl=impl)
+        with torch.inference_mode():
+            res = sequential_head(prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu, self.head.weights(),
+                                  temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
+        return DraftOutput(res.tokens, res.draft_probs, res.confidence_logits)
+
+    def new_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
+        c = self.layer_config
+        return PagedKVCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
+                            dtype=self.fc.weight.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def extend_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], features: torch.Tensor,
+                       cu: torch.Tensor) -> None:
+        """Append committed tokens' features ``[T, m * hidden]`` (requests flattened by ``cu [R + 1]``) to the cache.
+
+        Their positions continue each request's cached length.
+        """
+        q_lens = (cu[1:] - cu[:-1]).tolist()
+        cache.reserve_many(list(request_ids), q_lens)
+        page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
+        cu = cu.to(self.device)
+        slots = cache.slot_mapping(page_table, ctx_lens, cu)
+        q_len_t = (cu[1:] - cu[:-1]).long()
+        req = torch.repeat_interleave(torch.arange(len(q_lens), device=self.device), q_len_t)
+        positions = ctx_lens.long()[req] - q_len_t[req] + torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
+        h_ctx = self.context_features(features.to(self.fc.weight.dtype))
+        cos, sin = self._rope(positions, h_ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.keys_values(h_ctx, cos, sin)
+            cache.write(i, slots, k, v)
+
+    @torch.inference_mode()
+    def propose(self, cache: PagedKVCache, request_ids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
+                impl: str | None = None) -> Proposal:
+        """One parallel backbone pass: ``anchors [R]`` (each at position = its cached context length) ->
+        :class:`Proposal` with ``gamma`` slots per request."""
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
+        n_req = len(request_ids)
+        page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
+        ids = self.block_inputs(anchors.to(self.device).long(), gamma).reshape(-1)
+        positions = (ctx_lens.long()[:, None] + torch.arange(gamma, device=self.device)[None, :]).reshape(-1)
+        cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
+        x = self.embed(ids).to(self.fc.weight.dtype)
+        cos, sin = self._rope(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            hx = layer.input_layernorm(x)
+            q = attn.queries(hx, cos, sin)
+            k, v = attn.keys_values(hx, cos, sin)
+            o = draft_block_attention(q, k, v, cache.k[i], cache.v[i], page_table, cu, ctx_lens, impl=impl,
+                                      check_inputs=False, max_seqlen_q=gamma)
+            x = layer.finish(x, o.reshape(x.shape[0], -1))
+        return Proposal(self.lm_logits(x), x, cu)
+
+    # ------------------------------------------------------------------ training
+    def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                      gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced backbone over many anchors per sequence.
+
+        Args:
+            features: ``[B, L, m * hidden]`` target features of every position.
+            tokens: ``[B, L]`` token ids.
+            anchors: ``[B, A]`` anchor positions (``-1`` = padding block: it sees no context and its outputs are
+                meaningless).
+            gamma: block size.
+        Returns:
+            ``base_logits [B, A, gamma, V]`` fp32 and ``hidden [B, A, gamma, hidden]``.
+        """
+        b, seq_len, _ = features.shape
+        n_anchor = anchors.shape[1]
+        m = n_anchor * gamma
+        dev = features.device
+        safe = anchors.clamp(min=0)
+        ids = self.block_inputs(tokens.gather(1, safe).reshape(-1), gamma).view(b, m)
+        blk_pos = (safe[:, :, None] + torch.arange(gamma, device=dev)).reshape(b, m)
+        ctx_pos = torch.arange(seq_len, device=dev)
+        # visibility [B, M, L + M]: context strictly before the anchor, and the anchor's own block
+        ctx_vis = ctx_pos[None, None, :] < anchors.repeat_interleave(gamma, dim=1)[:, :, None]
+        # padding blocks still see themselves, so no row is fully masked (their outputs are ignored by the loss)
+        blk_id = torch.arange(m, device=dev) // gamma
+        blk_vis = (blk_id[:, None] == blk_id[None, :]).expand(b, m, m)
+        visible = torch.cat([ctx_vis, blk_vis], dim=2)[:, None]  # [B, 1, M, L + M]
+
+        h_ctx = self.context_features(features).reshape(b * seq_len, -1)
+        cos_c, sin_c = self._rope(ctx_pos.repeat(b), h_ctx.dtype)
+        cos_b, sin_b = self._rope(blk_pos.reshape(-1), h_ctx.dtype)
+        x = self.embed(ids.reshape(-1)).to(h_ctx.dtype)
+        for layer in self.layers:
+            attn = layer.self_attn
+            hx = layer.input_layernorm(x)
+            q = attn.queries(hx, cos_b, sin_b).view(b, m, attn.hq, attn.d).transpose(1, 2)
+            kb, vb = attn.keys_values(hx, cos_b, sin_b)
+            kc, vc = attn.keys_values(h_ctx, cos_c, sin_c)
+            k = torch.cat([kc.view(b, seq_len, attn.hkv, attn.d), kb.view(b, m, attn.hkv, attn.d)], 1).transpose(1, 2)
+            v = torch.cat([vc.view(b, seq_len, attn.hkv, attn.d), vb.view(b, m, attn.hkv, attn.d)], 1).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=attn.hq != attn.hkv)
+            x = layer.finish(x, o.transpose(1, 2).reshape(b * m, -1))
+        return self.lm_logits(x).view(b, n_anchor, gamma, -1), x.view(b, n_anchor, gamma, -1)
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, out_dir: str | Path) -> None:
+        """``drafter_config.json`` + ``model.safetensors`` (trainable weights only; embedding/LM head are the
+        target's)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.asdict(self.config)
+        (out / "drafter_config.json").write_text(json.dumps({"drafter_type": "block", **cfg}, indent=1) + "\n")
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(out / "model.safetensors"))
+
+
+def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32) -> BlockDrafter:
+    """Load a drafter directory written by :meth:`BlockDrafter.save` for ``target``; clear errors on mismatch."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_file, weights = path / "drafter_config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise FileNotFoundError(f"drafter checkpoint file missing: {f}")
+    raw = json.loads(cfg_file.read_text())
+    if raw.pop("drafter_type", None) != "block":
+        raise ValueError(f"{cfg_file}: drafter_type must be 'block'")
+    raw["feature_layers"] = tuple(raw["feature_layers"])
+    drafter = BlockDrafter(DrafterConfig(**raw), target)
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for truncated/corrupt files
+        raise ValueError(f"cannot read drafter weights {weights}: {e}") from e
+    missing = set(drafter.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"drafter weights {weights} miss tensors: {sorted(missing)[:5]}")
+    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    return drafter.to(dtype=dtype, device=target.device).eval().requires_grad_(False)

@@ -1,0 +1,168 @@
+"""Train a block drafter (DSpark with a vanilla/gated/rnn head, or DFlash with rank 0) on target rollouts.
+
+Loss (paper §5): ``L = a_ce * CE + a_tv * L1 + a_conf * BCE``, every term weighted per slot by
+``w_k = exp(-(k - 1) / decay)`` (decay 4) and normalised by the sum of weights over valid slots:
+* CE: cross-entropy of the Markov-corrected draft logits against the rollout token;
+* L1: ``||p_d - p_t||_1`` between the draft and target softmaxes at temperature 1 (twice the TV distance);
+* BCE: confidence logits against the detached analytic acceptance ``clamp(1 - L1 / 2, 0, 1)``.
+DSpark uses (0.1, 0.9, 1.0); DFlash (1, 0, 0) with no Markov head and no confidence head.
+
+Each step draws a block size from ``--gammas`` (default 7 and 15, so one checkpoint serves both benchmark settings).
+AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
+from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
+
+CLI::
+
+    python -m dspark_kernels.train.drafter --name dspark --head vanilla --rank 64 --out dspark_kernels/assets/drafters/dspark
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..models import load_model
+from ..models.drafter import BlockDrafter, DrafterConfig
+from .drafter_data import DrafterBatch, make_batch
+from .rollouts import load_rollouts
+from .tokenizer import MASK_ID
+
+LOSS_WEIGHTS = {"dspark": (0.1, 0.9, 1.0), "dflash": (1.0, 0.0, 0.0)}
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    ce: float
+    l1: float
+    conf: float
+
+
+def drafter_loss(drafter: BlockDrafter, batch: DrafterBatch, gamma: int, weights: tuple[float, float, float],
+                 decay: float = 4.0) -> LossParts:
+    """The weighted DSpark/DFlash loss of one batch (see module docstring)."""
+    a_ce, a_tv, a_conf = weights
+    base, hidden = drafter.forward_train(batch.features, batch.tokens, batch.anchors, gamma)
+    anchor_tok = batch.tokens.gather(1, batch.anchors.clamp(min=0))
+    prev = torch.cat([anchor_tok[:, :, None], batch.labels[:, :, :-1]], dim=2)
+    b, a, g, v = base.shape
+    logits, conf = drafter.head.teacher_forced(base.view(b * a, g, v), hidden.view(b * a, g, -1), prev.view(b * a, g))
+    logits, conf = logits.view(b, a, g, v), conf.view(b, a, g)
+    w = torch.exp(-torch.arange(g, dtype=torch.float32) / decay)[None, None, :] * batch.valid
+    denom = w.sum().clamp_min(1e-8)
+    log_pd = F.log_softmax(logits, dim=-1)
+    ce = -log_pd.gather(-1, batch.labels[..., None]).squeeze(-1)
+    l1 = (log_pd.exp() - F.softmax(batch.target_logits, dim=-1)).abs().sum(-1)
+    total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
+    conf_loss = torch.zeros(())
+    if a_conf > 0:
+        target_acc = (1 - 0.5 * l1.detach()).clamp(0, 1)
+        conf_loss = (w * F.binary_cross_entropy_with_logits(conf, target_acc, reduction="none")).sum() / denom
+        total = total + a_conf * conf_loss
+    with torch.no_grad():
+        return LossParts(total, float((w * ce).sum() / denom), float((w * l1).sum() / denom), float(conf_loss))
+
+
+def lr_at(step: int, max_steps: int, lr: float) -> float:
+    warmup = max(1, int(0.04 * max_steps))
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, max_steps - warmup))))
+
+
+def train(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    target = load_model(args.target)
+    rollouts = load_rollouts(args.rollouts, "train")
+    cfg = DrafterConfig(
+        feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,
+        vocab_size=target.config.vocab_size, hidden_size=target.config.hidden_size, num_layers=args.layers,
+        gamma=max(args.gammas), head_kind=args.head if args.rank > 0 else "none", markov_rank=args.rank,
+        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
+    )
+    drafter = BlockDrafter(cfg, target)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
+    if args.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        drafter.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        step = ckpt["step"]
+        rng.setstate(ckpt["rng"])
+    log = open(work / "log.jsonl", "a")
+    order = list(range(len(rollouts)))
+    bar = tqdm(total=args.steps, initial=step, desc=args.name, dynamic_ncols=True)
+    while step < args.steps:
+        gamma = rng.choice(args.gammas)
+        idx = rng.sample(order, args.batch_size)
+        batch = make_batch(target, rollouts, idx, cfg.feature_layers, gamma, args.anchors, rng)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr)
+        parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss])
+        opt.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{parts.total.item():.3f}", ce=f"{parts.ce:.2f}", l1=f"{parts.l1:.2f}")
+        log.write(json.dumps({"step": step, "gamma": gamma, "loss": parts.total.item(), "ce": parts.ce,
+                              "l1": parts.l1, "conf": parts.conf}) + "\n")
+        log.flush()
+        if step % args.ckpt_every == 0 or step == args.steps:
+            torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate()},
+                       ckpt_path)
+    bar.close()
+    drafter.to(torch.bfloat16).save(args.out)
+    summary = {"name": args.name, "steps": step, "minutes": (time.time() - start) / 60,
+               "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
+    (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--name", default="dspark")
+    p.add_argument("--loss", choices=sorted(LOSS_WEIGHTS), default="dspark")
+    p.add_argument("--head", choices=("vanilla", "gated", "rnn"), default="vanilla")
+    p.add_argument("--rank", type=int, default=64, help="Markov rank (0 = pure DFlash)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4])
+    p.add_argument("--mask-token-id", type=int, default=MASK_ID)
+    p.add_argument("--gammas", type=int, nargs="+", default=[7, 15])
+    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
+    p.add_argument("--work-dir", type=Path, default=None)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.work_dir is None:
+        args.work_dir = Path("data/drafter_runs") / args.name
+    print(json.dumps(train(args), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
