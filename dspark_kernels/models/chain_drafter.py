@@ -1,0 +1,364 @@
+"""EAGLE-style autoregressive chain drafter (and MTP-1, the same model trained and used for one draft token).
+
+Model: one target-family causal decoder layer (pre-norm attention with Qwen3 q/k-norm + SwiGLU MLP). Its input at
+position ``t`` is the *pair* ``(f_t, x_{t+1})``::
+
+    in_t = fc([f_t ; embed(x_{t+1})])        (2 * hidden -> hidden, bias-free)
+    g_t  = layer(in_t)                      (causal over the request's pairs 0..t)
+    logits_t = lm_head(norm(g_t))           -> predicts x_{t+2}
+
+where ``f_t`` is the target's raw output of ONE layer (``feature_layer``, by default the last non-final layer) at
+position ``t``. The embedding and LM head are the target's, frozen and not stored with the drafter.
+
+Inference state (:class:`ChainState`): a paged KV cache with one entry per *committed pair* (pair ``j`` at position
+``j``) plus, per request, the pending feature of the last extended position (its pair waits for the next token).
+
+* ``extend`` (committed tokens ``x_P .. x_{P+n-1}`` with features ``f_P .. f_{P+n-1}``) writes the pairs
+  ``(pending, x_P), (f_P, x_{P+1}) .. (f_{P+n-2}, x_{P+n-1})`` and makes ``f_{P+n-1}`` the new pending feature. With
+  one layer a pair's K/V depend only on its own input, so extending needs no attention.
+* ``draft`` (anchor ``x_A`` = the last emitted token, not yet extended): step 1 runs the pair ``(pending, x_A)`` at
+  position ``A - 1``; step ``k > 1`` runs ``(g_prev, d_{k-1})`` at the next position (EAGLE-1: the drafter's own output
+  hidden replaces the target feature it does not have). Each step is sampled by
+  :func:`~dspark_kernels.ops.sequential_head` with kind ``"none"`` (plain filtered sampling, exactly the verifier's
+  temperature/top-k/top-p filter, one uniform per drafted token) and returns the exact draft distribution. Afterwards
+  every cache entry written by the draft is rolled back (the pending pair included: the next ``extend`` re-adds it with
+  the then-committed anchor), so the cache holds only committed pairs.
+
+Training (:meth:`ChainDrafter.forward_train`) is teacher-forced over whole sequences with a "training-time test"
+unroll: step ``k`` at position ``t`` feeds ``(g^{k-1}_{t-1}, x_{t+1})`` and attends to the step-1 (true-feature) pairs
+at positions ``<= t - k + 1`` plus the step-``j`` pairs at position ``t - k + j`` (``j = 2..k``), which is exactly what
+chain step ``k`` from anchor ``A = t - k + 2`` sees at inference (teacher-forced tokens).
+
+MTP-1 is a ``ChainDrafter`` with ``max_steps = 1``, trained on step 1 only; it accepts any ``gamma`` at inference
+but is meant for (and benchmarked with) ``gamma = 1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import sequential_head, verify_attention
+from ..ops.sequential_head import SequentialHeadWeights
+from .config import ModelConfig
+from .drafter import DraftLayer
+from .drafter_api import DraftOutput
+from .kv_cache import PagedKVCache
+from .transformer import CausalLM, RMSNorm
+
+__all__ = ["ChainDrafter", "ChainDrafterConfig", "ChainState", "load_chain_drafter"]
+
+MAX_STEPS = 16
+_NONE_HEAD = SequentialHeadWeights("none")
+
+
+@dataclass(frozen=True)
+class ChainDrafterConfig:
+    """Hyper-parameters of a chain drafter (stored as ``drafter_config.json``).
+
+    ``feature_layer``: the target layer whose raw output is the feature (-1 = the last non-final layer,
+    ``num_hidden_layers - 2``, resolved by :meth:`resolved`); ``max_steps``: the chain length it was trained for
+    (1 = MTP-1); ``vocab_size``/``hidden_size`` record the target, so a mismatched target is refused.
+    """
+
+    feature_layer: int
+    vocab_size: int
+    hidden_size: int
+    max_steps: int = 4
+    name: str = "eagle"
+
+    def resolved(self, target: ModelConfig) -> "ChainDrafterConfig":
+        if self.feature_layer == -1:
+            return dataclasses.replace(self, feature_layer=target.num_hidden_layers - 2)
+        return self
+
+    def validate(self, target: ModelConfig) -> None:
+        if not isinstance(self.max_steps, int) or not 1 <= self.max_steps <= MAX_STEPS:
+            raise ValueError(f"max_steps must be an int in 1..{MAX_STEPS}, got {self.max_steps!r}")
+        if self.vocab_size != target.vocab_size:
+            raise ValueError(f"drafter vocab_size {self.vocab_size} does not match the target's {target.vocab_size}")
+        if self.hidden_size != target.hidden_size:
+            raise ValueError(f"drafter hidden_size {self.hidden_size} does not match the target's "
+                             f"{target.hidden_size}")
+        if not 0 <= self.feature_layer < target.num_hidden_layers - 1:
+            raise ValueError(
+                f"feature_layer {self.feature_layer} must be a target layer in [0, {target.num_hidden_layers - 1}) "
+                "(the final layer is excluded: HF exposes it only after the final norm)"
+            )
+
+
+class ChainState:
+    """Per-batch drafter state: the pairs' paged KV cache and each request's pending feature."""
+
+    def __init__(self, cache: PagedKVCache, hidden: int) -> None:
+        self.cache = cache
+        self.pending: dict[Hashable, torch.Tensor] = {}  # rid -> feature [hidden] of the last extended position
+        self.hidden = hidden
+
+    def add_request(self, rid: Hashable) -> None:
+        self.cache.add_request(rid)
+
+    def free(self, rid: Hashable) -> None:
+        self.cache.free(rid)
+        self.pending.pop(rid, None)
+
+    def num_pairs(self, rid: Hashable) -> int:
+        """Committed pairs held in the cache for ``rid``."""
+        return self.cache.length(rid)
+
+
+@dataclass
+class ChainDraft:
+    """``tokens [R, gamma]``, ``draft_probs [R, gamma, V]``, ``logits [R, gamma, V]`` (unfiltered, fp32) and
+    ``hidden [R, gamma, hidden]`` of every chain step."""
+
+    tokens: torch.Tensor
+    draft_probs: torch.Tensor
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class ChainDrafter(nn.Module):
+    """EAGLE-style chain drafter (MTP-1 with ``max_steps = 1``) bound to a target's embedding and LM head."""
+
+    def __init__(self, cfg: ChainDrafterConfig, target: CausalLM) -> None:
+        super().__init__()
+        cfg = cfg.resolved(target.config)
+        cfg.validate(target.config)
+        self.config = cfg
+        self.layer_config = dataclasses.replace(target.config, num_hidden_layers=1)
+        h = target.config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layer = DraftLayer(self.layer_config)
+        self.norm = RMSNorm(h, target.config.rms_norm_eps)
+        self.__dict__["target"] = target  # frozen, shared: not a parameter, not saved
+
+    # ------------------------------------------------------------------ shared pieces
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return (self.config.feature_layer,)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.target.model.embed_tokens.weight).to(self.dtype)
+
+    def lm_logits(self, g: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(g), self.target.lm_head.weight.to(g.dtype)).float()
+
+    def pair_inputs(self, feats: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``feats [..., hidden]`` and next-token ids ``[...]`` -> layer inputs ``[..., hidden]``."""
+        return self.fc(torch.cat([feats.to(self.dtype), self.embed(ids)], dim=-1))
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.target._rope(positions, self.dtype)
+
+    # ------------------------------------------------------------------ inference (the Drafter protocol)
+    def new_state(self, num_pages: int, page_size: int = 16) -> ChainState:
+        c = self.layer_config
+        cache = PagedKVCache(1, num_pages, page_size, c.num_key_value_heads, c.head_dim, dtype=self.dtype,
+                             device=self.device)
+        return ChainState(cache, c.hidden_size)
+
+    def add_request(self, state: ChainState, rid: Hashable) -> None:
+        state.add_request(rid)
+
+    def free(self, state: ChainState, rid: Hashable) -> None:
+        state.free(rid)
+
+    @torch.inference_mode()
+    def extend(self, state: ChainState, rids: Sequence[Hashable], token_ids: torch.Tensor, features: torch.Tensor,
+               cu: torch.Tensor) -> None:
+        """Commit tokens ``[T]`` with their target features ``[T, hidden]`` (requests flattened by ``cu [R + 1]``)."""
+        dev = self.device
+        rids = list(rids)
+        cu_l = cu.tolist()
+        n_tok = [cu_l[i + 1] - cu_l[i] for i in range(len(rids))]
+        has = [int(rid in state.pending) for rid in rids]
+        n_pairs = [n - 1 + h if n > 0 else 0 for n, h in zip(n_tok, has)]
+        total = sum(n_pairs)
+        features = features.to(dev)
+        token_ids = token_ids.to(dev)
+        if total > 0:
+            r = len(rids)
+            cu_t = torch.tensor(cu_l[:-1], dtype=torch.long, device=dev)
+            has_t = torch.tensor(has, dtype=torch.long, device=dev)
+            np_t = torch.tensor(n_pairs, dtype=torch.long, device=dev)
+            req = torch.repeat_interleave(torch.arange(r, device=dev), np_t, output_size=total)
+            cu_p = torch.cumsum(np_t, 0) - np_t
+            j = torch.arange(total, device=dev) - cu_p[req]
+            fidx = cu_t[req] + j - has_t[req]
+            fidx = torch.where(fidx < cu_t[req], features.shape[0] + req, fidx)  # j = 0 with a pending feature
+            tidx = cu_t[req] + j + 1 - has_t[req]
+            pend = torch.zeros(r, features.shape[1], dtype=features.dtype, device=dev)
+            for i, rid in enumerate(rids):
+                if has[i] and n_pairs[i]:
+                    pend[i] = state.pending[rid]
+            feats = torch.cat([features, pend])[fidx]
+            x = self.pair_inputs(feats, token_ids[tidx].long())
+            cache = state.cache
+            cache.reserve_many(rids, n_pairs)
+            page_table, lens = cache.batch_tensors(rids, dev)
+            cu_pairs = torch.cat([cu_p, np_t.sum()[None]]).to(torch.int32)
+            slots = cache.slot_mapping(page_table, lens, cu_pairs)
+            positions = lens.long()[req] - np_t[req] + j
+            cos, sin = self._rope(positions)
+            k, v = self.layer.self_attn.keys_values(self.layer.input_layernorm(x), cos, sin)
+            cache.write(0, slots, k, v)
+        for i, rid in enumerate(rids):
+            if n_tok[i] > 0:
+                state.pending[rid] = features[cu_l[i + 1] - 1].clone()
+
+    def draft(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
+              temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
+              impl: str | None = None) -> DraftOutput:
+        """Chain ``gamma`` steps after each anchor; ``uniforms [R * gamma]`` request-major (None when all greedy)."""
+        out = self.chain(state, rids, anchors, gamma, temperature, top_k, top_p, uniforms, impl=impl)
+        r = len(rids)
+        return DraftOutput(out.tokens.reshape(r * gamma), out.draft_probs.reshape(r * gamma, -1), None)
+
+    @torch.inference_mode()
+    def chain(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
+              temperature: torch.Tensor, top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
+              uniforms: torch.Tensor | None = None, impl: str | None = None,
+              forced_tokens: torch.Tensor | None = None) -> ChainDraft:
+        """The drafting loop behind :meth:`draft`; ``forced_tokens [R, gamma]`` (testing) feeds the given tokens to
+        the next step instead of the sampled ones. The cache is restored to the committed pairs before returning."""
+        if not isinstance(gamma, int) or not 1 <= gamma <= MAX_STEPS:
+            raise ValueError(f"gamma must be an int in 1..{MAX_STEPS}, got {gamma!r}")
+        rids = list(rids)
+        missing = [rid for rid in rids if rid not in state.pending]
+        if missing:
+            raise ValueError(f"draft: requests {missing[:5]} have no extended tokens yet (call extend first)")
+        dev, r = self.device, len(rids)
+        anchors = anchors.to(dev).long()
+        temperature = temperature.to(dev)
+        top_k = top_k.to(dev) if top_k is not None else None
+        top_p = top_p.to(dev) if top_p is not None else None
+        u = uniforms.to(dev).view(r, gamma) if uniforms is not None else None
+        cache = state.cache
+        cu1 = torch.arange(r + 1, dtype=torch.int32, device=dev)
+        feats = torch.stack([state.pending[rid] for rid in rids]).to(dev)
+        prev_tok = anchors
+        toks, probs, logits_all, hidden_all = [], [], [], []
+        written = 0
+        try:
+            for k in range(gamma):
+                cache.reserve_many(rids, [1] * r)
+                written += 1
+                page_table, lens = cache.batch_tensors(rids, dev)
+                x = self.pair_inputs(feats, prev_tok)
+                cos, sin = self._rope(lens.long() - 1)
+                attn = self.layer.self_attn
+                hx = self.layer.input_layernorm(x)
+                q = attn.queries(hx, cos, sin)
+                kk, vv = attn.keys_values(hx, cos, sin)
+                cache.write(0, cache.slot_mapping(page_table, lens, cu1), kk, vv)
+                o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
+                                     max_seqlen_q=1)
+                g = self.layer.finish(x, o.reshape(r, -1))
+                logits = self.lm_logits(g)
+                res = sequential_head(logits, g, prev_tok, cu1, _NONE_HEAD, temperature, top_k, top_p,
+                                      None if u is None else u[:, k].contiguous(), impl=impl, check_inputs=False)
+                toks.append(res.tokens)
+                probs.append(res.draft_probs)
+                logits_all.append(logits)
+                hidden_all.append(g)
+                feats = g
+                prev_tok = res.tokens if forced_tokens is None else forced_tokens[:, k].to(dev).long()
+        finally:
+            for rid in rids:
+                cache.rollback(rid, written)
+        return ChainDraft(torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(logits_all, 1),
+                          torch.stack(hidden_all, 1))
+
+    # ------------------------------------------------------------------ training
+    def forward_train(self, features: torch.Tensor, tokens: torch.Tensor,
+                      steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced chain over whole sequences with a training-time-test unroll (see module docstring).
+
+        Args:
+            features: ``[B, L, hidden]`` target features of ``feature_layer`` at every position.
+            tokens: ``[B, L]`` token ids.
+            steps: chain steps ``K`` to unroll.
+        Returns:
+            ``logits [B, K, L, V]`` fp32 and ``hidden [B, K, L, hidden]``; step ``k`` (1-based) at position ``t``
+            predicts ``x_{t+2}`` for the chain anchored at ``t - k + 2`` (positions where the inputs do not exist
+            carry meaningless values).
+        """
+        b, seq_len, _ = features.shape
+        dev = features.device
+        attn = self.layer.self_attn
+        nxt = torch.cat([tokens[:, 1:], tokens.new_zeros(b, 1)], dim=1)  # x_{t+1} at position t
+        pos = torch.arange(seq_len, device=dev)
+        cos, sin = self._rope(pos.repeat(b))
+        s = pos[None, :]
+        t = pos[:, None]
+        keys, values, logits_out, hidden_out = [], [], [], []
+        feats = features.to(self.dtype)
+        for k in range(1, steps + 1):
+            x = self.pair_inputs(feats, nxt).reshape(b * seq_len, -1)
+            hx = self.layer.input_layernorm(x)
+            q = attn.queries(hx, cos, sin).view(b, seq_len, attn.hq, attn.d).transpose(1, 2)
+            kk, vv = attn.keys_values(hx, cos, sin)
+            keys.append(kk.view(b, seq_len, attn.hkv, attn.d))
+            values.append(vv.view(b, seq_len, attn.hkv, attn.d))
+            # visibility [L, k * L]: step-1 pairs at s <= t - k + 1, step-j pairs (j >= 2) at s == t - k + j
+            vis = [s <= t - k + 1] + [s == t - k + j for j in range(2, k + 1)]
+            mask = torch.cat(vis, dim=1)
+            kcat = torch.cat(keys, dim=1).transpose(1, 2)
+            vcat = torch.cat(values, dim=1).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, kcat, vcat, attn_mask=mask, enable_gqa=attn.hq != attn.hkv)
+            g = self.layer.finish(x, o.transpose(1, 2).reshape(b * seq_len, -1)).view(b, seq_len, -1)
+            logits_out.append(self.lm_logits(g))
+            hidden_out.append(g)
+            feats = torch.cat([g.new_zeros(b, 1, g.shape[-1]), g[:, :-1]], dim=1)  # g^{k}_{t-1} at position t
+        return torch.stack(logits_out, 1), torch.stack(hidden_out, 1)
+
+    # ------------------------------------------------------------------ I/O
+    def save(self, out_dir: str | Path) -> None:
+        """``drafter_config.json`` + ``model.safetensors`` (trainable weights only)."""
+        from safetensors.torch import save_file
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        cfg = dataclasses.asdict(self.config)
+        (out / "drafter_config.json").write_text(json.dumps({"drafter_type": "chain", **cfg}, indent=1) + "\n")
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(out / "model.safetensors"))
+
+
+def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32) -> ChainDrafter:
+    """Load a directory written by :meth:`ChainDrafter.save` for ``target``; clear errors on mismatch."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_file, weights = path / "drafter_config.json", path / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise FileNotFoundError(f"drafter checkpoint file missing: {f}")
+    raw = json.loads(cfg_file.read_text())
+    if raw.pop("drafter_type", None) != "chain":
+        raise ValueError(f"{cfg_file}: drafter_type must be 'chain'")
+    drafter = ChainDrafter(ChainDrafterConfig(**raw), target)
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for truncated/corrupt files
+        raise ValueError(f"cannot read drafter weights {weights}: {e}") from e
+    missing = set(drafter.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"drafter weights {weights} miss tensors: {sorted(missing)[:5]}")
+    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    return drafter.to(dtype=dtype, device=target.device).eval().requires_grad_(False)

@@ -1,0 +1,174 @@
+"""Train a chain drafter (EAGLE-style, ``--name eagle``) or MTP-1 (``--name mtp1``) on target rollouts.
+
+Teacher forcing over whole rollouts (the target runs once per batch through ``target_outputs``): step 1 at position
+``t`` sees ``(f_t, x_{t+1})`` and predicts ``x_{t+2}``; EAGLE also unrolls ``--steps-unroll - 1`` more steps whose
+feature input is the drafter's own previous output hidden (training-time test, see
+:meth:`~dspark_kernels.models.chain_drafter.ChainDrafter.forward_train`). Step ``k`` at position ``t`` belongs to the
+chain anchored at ``A = t - k + 2``; it is supervised when ``A`` is a response token and ``x_{A+k}`` exists (same
+anchor rule as the block drafter), against the rollout token (CE) and the target's temperature-1 distribution at
+``t + 1`` (L1 = twice the TV distance), weighted by ``w_k = exp(-(k - 1) / 4)`` and normalised over valid slots:
+``L = a_ce * CE + a_tv * L1`` (default 0.1 / 0.9 as for DSpark). MTP-1 trains step 1 only.
+
+AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
+from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
+
+CLI::
+
+    python -m dspark_kernels.train.chain_drafter --name eagle --out dspark_kernels/assets/drafters/eagle
+    python -m dspark_kernels.train.chain_drafter --name mtp1 --out dspark_kernels/assets/drafters/mtp1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..models import CausalLM, load_model
+from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
+from .drafter import lr_at
+from .drafter_data import target_outputs
+from .rollouts import Rollouts, load_rollouts
+
+DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
+
+
+@dataclass
+class ChainBatch:
+    """Padded to ``L``: features [B, L, hidden]; tokens [B, L]; target_logits [B, L, V] fp32; lens [B];
+    prompt_lens [B]."""
+
+    features: torch.Tensor
+    tokens: torch.Tensor
+    target_logits: torch.Tensor
+    lens: torch.Tensor
+    prompt_lens: torch.Tensor
+
+
+def make_chain_batch(target: CausalLM, rollouts: Rollouts, indices: list[int], feature_layer: int) -> ChainBatch:
+    seqs = [rollouts.prompts[i] + rollouts.responses[i] for i in indices]
+    features, logits, tokens = target_outputs(target, seqs, (feature_layer,))
+    return ChainBatch(features, tokens, logits, torch.tensor([len(s) for s in seqs]),
+                      torch.tensor([len(rollouts.prompts[i]) for i in indices]))
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    ce: float
+    l1: float
+    per_step_l1: list[float]
+
+
+def chain_loss(drafter: ChainDrafter, batch: ChainBatch, steps: int, weights: tuple[float, float] = (0.1, 0.9),
+               decay: float = 4.0) -> LossParts:
+    """The position-weighted CE + L1 loss of ``steps`` unrolled chain steps (see module docstring)."""
+    a_ce, a_tv = weights
+    logits, _ = drafter.forward_train(batch.features, batch.tokens, steps)  # [B, K, L, V]
+    b, k_steps, seq_len, v = logits.shape
+    t = torch.arange(seq_len)
+    k = torch.arange(1, k_steps + 1)
+    anchor = t[None, None, :] - k[None, :, None] + 2  # [1, K, L]
+    valid = (anchor >= batch.prompt_lens[:, None, None]) & (t[None, None, :] + 2 < batch.lens[:, None, None])
+    label_pos = (t + 2).clamp(max=seq_len - 1)
+    labels = batch.tokens[:, label_pos]  # [B, L]
+    tgt = F.softmax(batch.target_logits[:, (t + 1).clamp(max=seq_len - 1)], dim=-1)  # [B, L, V]
+    w = torch.exp(-(k.float() - 1) / decay)[None, :, None] * valid
+    denom = w.sum().clamp_min(1e-8)
+    log_pd = F.log_softmax(logits, dim=-1)
+    ce = -log_pd.gather(-1, labels[:, None, :, None].expand(b, k_steps, seq_len, 1)).squeeze(-1)
+    l1 = (log_pd.exp() - tgt[:, None]).abs().sum(-1)
+    total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
+    with torch.no_grad():
+        n_valid = valid.sum(dim=(0, 2)).clamp_min(1)
+        per_step = ((l1 * valid).sum(dim=(0, 2)) / n_valid).tolist()
+        return LossParts(total, float((w * ce).sum() / denom), float((w * l1).sum() / denom), per_step)
+
+
+def train(args: argparse.Namespace) -> dict:
+    from tqdm import tqdm
+
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    target = load_model(args.target)
+    rollouts = load_rollouts(args.rollouts, "train")
+    unroll = args.steps_unroll or DEFAULT_STEPS.get(args.name, 4)
+    cfg = ChainDrafterConfig(feature_layer=args.feature_layer, vocab_size=target.config.vocab_size,
+                             hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name)
+    drafter = ChainDrafter(cfg, target)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
+    if args.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        drafter.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        step = ckpt["step"]
+        rng.setstate(ckpt["rng"])
+    log = open(work / "log.jsonl", "a")
+    order = list(range(len(rollouts)))
+    bar = tqdm(total=args.steps, initial=step, desc=args.name, dynamic_ncols=True)
+    while step < args.steps:
+        idx = rng.sample(order, min(args.batch_size, len(order)))
+        batch = make_chain_batch(target, rollouts, idx, drafter.config.feature_layer)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr)
+        parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight))
+        opt.zero_grad(set_to_none=True)
+        parts.total.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{parts.total.item():.3f}", ce=f"{parts.ce:.2f}", l1=f"{parts.l1:.2f}")
+        log.write(json.dumps({"step": step, "loss": parts.total.item(), "ce": parts.ce, "l1": parts.l1,
+                              "l1_by_step": parts.per_step_l1}) + "\n")
+        log.flush()
+        if step % args.ckpt_every == 0 or step == args.steps:
+            torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate()},
+                       ckpt_path)
+    bar.close()
+    log.close()
+    drafter.to(torch.bfloat16).save(args.out)
+    summary = {"name": args.name, "steps": step, "minutes": (time.time() - start) / 60,
+               "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
+    (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--name", default="eagle", help="eagle (chain, unrolled) or mtp1 (one step)")
+    p.add_argument("--steps-unroll", type=int, default=0, help="chain steps trained (default: eagle 4, mtp1 1)")
+    p.add_argument("--feature-layer", type=int, default=-1, help="target layer (-1 = last non-final layer)")
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--tv-weight", type=float, default=0.9)
+    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
+    p.add_argument("--work-dir", type=Path, default=None)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.work_dir is None:
+        args.work_dir = Path("data/drafter_runs") / args.name
+    print(json.dumps(train(args), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Chain drafter (EAGLE-style, MTP-1) on a tiny random target.
+
+* the cached chain (extend in chunks, draft, roll back) reproduces the teacher-forced training forward;
+* T = 0: speculative output == the target's greedy output, token for token (reference and Triton paths);
+* T > 0: the generated tokens follow the target's distribution (chi-square against the exact marginals);
+* training reduces the loss; save/load round trip; mismatch errors.
+"""
+
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import generate, load_model
+from dspark_kernels.models.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
+from dspark_kernels.train.chain_drafter import chain_loss, make_chain_batch
+from dspark_kernels.train.drafter_data import target_outputs
+from dspark_kernels.train.rollouts import Rollouts
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    hf = Qwen3ForCausalLM(cfg)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(40.0)  # peaky next-token distributions: strong statistical tests, varied acceptance
+    path = tmp_path_factory.mktemp("target")
+    hf.save_pretrained(path)
+    return load_model(path)
+
+
+def make_drafter(target, max_steps=4, seed=1, name="eagle"):
+    torch.manual_seed(seed)
+    cfg = ChainDrafterConfig(feature_layer=-1, vocab_size=VOCAB, hidden_size=64, max_steps=max_steps, name=name)
+    drafter = ChainDrafter(cfg, target)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return drafter.eval()
+
+
+def test_cached_chain_matches_full_recompute_and_rolls_back(target):
+    drafter = make_drafter(target)
+    assert drafter.feature_layers == (2,)  # -1 resolves to the last non-final layer
+    seqs = [[random.randrange(4, VOCAB) for _ in range(18)], [random.randrange(4, VOCAB) for _ in range(13)]]
+    gamma = 4
+    feats, tokens = [], []
+    for s in seqs:
+        f, _, t = target_outputs(target, [s], drafter.feature_layers)
+        feats.append(f[0])
+        tokens.append(t[0])
+    state = drafter.new_state(16, 4)
+    for i in range(2):
+        drafter.add_request(state, i)
+    greedy = torch.zeros(2)
+
+    def extend(chunks):  # chunks[i] = (start, end) of request i
+        cu = [0]
+        for a, b in chunks:
+            cu.append(cu[-1] + b - a)
+        drafter.extend(state, [0, 1], torch.cat([tokens[i][a:b] for i, (a, b) in enumerate(chunks)]),
+                       torch.cat([feats[i][a:b] for i, (a, b) in enumerate(chunks)]), torch.tensor(cu))
+
+    extend([(0, 5), (0, 3)])
+    drafter.chain(state, [0, 1], torch.tensor([seqs[0][5], seqs[1][3]]), gamma, greedy)  # drafts, then rolls back
+    assert [state.num_pairs(i) for i in (0, 1)] == [4, 2]
+    extend([(5, 11), (3, 3)])  # request 1 extends nothing this round
+    assert [state.num_pairs(i) for i in (0, 1)] == [10, 2]
+    anchors = [11, 3]
+    forced = torch.tensor([seqs[0][12:12 + gamma], seqs[1][4:4 + gamma]])
+    out = drafter.chain(state, [0, 1], torch.tensor([seqs[0][11], seqs[1][3]]), gamma, greedy, forced_tokens=forced)
+    assert [state.num_pairs(i) for i in (0, 1)] == [10, 2]  # only committed pairs stay
+    with torch.no_grad():
+        for i, a in enumerate(anchors):
+            logits, hidden = drafter.forward_train(feats[i][None], tokens[i][None], gamma)
+            for k in range(1, gamma + 1):  # step k from anchor a sits at position a + k - 2
+                torch.testing.assert_close(out.logits[i, k - 1], logits[0, k - 1, a + k - 2], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(out.hidden[i, k - 1], hidden[0, k - 1, a + k - 2], rtol=1e-4, atol=1e-4)
+    # the unforced draft feeds its own tokens: first step equal, and draft returns the protocol's shapes
+    res = drafter.draft(state, [0, 1], torch.tensor([seqs[0][11], seqs[1][3]]), gamma, greedy, torch.zeros(2,
+                        dtype=torch.int32), torch.ones(2), None)
+    assert res.tokens.shape == (2 * gamma,) and res.draft_probs.shape == (2 * gamma, VOCAB)
+    assert res.confidence_logits is None
+    assert res.tokens.view(2, gamma)[:, 0].tolist() == out.logits[:, 0].argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("max_steps,gamma", [(4, 1), (4, 3), (4, 5), (1, 1)])
+def test_greedy_speculative_equals_target_greedy(target, max_steps, gamma):
+    drafter = make_drafter(target, max_steps)
+    prompts = [[1, 5, 9, 13], [1, 40], [1] + list(range(20, 45))]
+    ar = generate(target, prompts, 20, temperature=0.0)
+    spec = speculative_generate(target, drafter, prompts, 20, gamma, temperature=0.0)
+    assert spec.tokens == ar.tokens
+    assert spec.rounds > 0 and 1.0 <= spec.tau <= gamma + 1
+
+
+def test_greedy_with_eos_and_triton_path(target):
+    drafter = make_drafter(target)
+    prompts = [[1, 7, 8], [1, 30, 31, 32]]
+    ar = generate(target, prompts, 10, temperature=0.0, eos_token_id=17)
+    spec = speculative_generate(target, drafter, prompts, 10, 3, temperature=0.0, eos_token_id=17, impl="triton")
+    assert spec.tokens == ar.tokens and spec.finish_reasons == ar.finish_reasons
+
+
+def _exact_marginals(target, prompt, steps, temperature):
+    """Exact distribution of generated tokens 1..steps (enumerating prefixes with mass > 1e-6)."""
+    prefixes = {(): 1.0}
+    marginals = []
+    for _ in range(steps):
+        items = list(prefixes.items())
+        seqs = [prompt + list(p) for p, _ in items]
+        _, logits, _ = target_outputs(target, seqs, (0,))
+        probs = torch.softmax(logits[torch.arange(len(seqs)), torch.tensor([len(s) - 1 for s in seqs])] / temperature,
+                              dim=-1)
+        marginal = torch.zeros(VOCAB, dtype=torch.float64)
+        nxt = {}
+        for (p, w), row in zip(items, probs.double()):
+            marginal += w * row
+            for tok in torch.nonzero(row * w > 1e-6).flatten().tolist():
+                nxt[p + (tok,)] = w * float(row[tok])
+        marginals.append(marginal)
+        prefixes = nxt
+    return marginals
+
+
+def test_sampled_speculative_is_lossless(target):
+    drafter = make_drafter(target)
+    prompt, n, steps, gamma, temperature = [1, 11, 12], 3000, 3, 3, 1.0
+    spec = speculative_generate(target, drafter, [prompt] * n, steps, gamma, temperature=temperature,
+                                seeds=list(range(n)))
+    assert 0 < sum(spec.accept_hist[1:]) and spec.accept_hist[0] > 0  # both paths exercised
+    for pos, exact in enumerate(_exact_marginals(target, prompt, steps, temperature)):
+        counts = torch.bincount(torch.tensor([t[pos] for t in spec.tokens]), minlength=VOCAB).double()
+        expected = exact * n
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3, pos
+
+
+@pytest.mark.parametrize("max_steps", [3, 1])
+def test_training_steps_reduce_loss(target, max_steps):
+    drafter = make_drafter(target, max_steps).train()
+    rng = random.Random(0)
+    ro = Rollouts([[1, 5, 6, 7]] * 4, [[rng.randrange(4, VOCAB) for _ in range(20)] for _ in range(4)], [1.0] * 4,
+                  [0] * 4)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    batch = make_chain_batch(target, ro, [0, 1, 2, 3], drafter.config.feature_layer)
+    first = None
+    for _ in range(12):
+        loss = chain_loss(drafter, batch, max_steps).total
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.8 * first
+
+
+def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
+    drafter = make_drafter(target, 1, name="mtp1")
+    drafter.save(tmp_path / "d")
+    back = load_chain_drafter(tmp_path / "d", target)
+    assert back.config == drafter.config
+    for (k, v), (k2, v2) in zip(drafter.state_dict().items(), back.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    assert not any("embed" in k or "lm_head" in k for k in back.state_dict())
+    cfg = drafter.config
+    for field, value in (("vocab_size", VOCAB + 1), ("hidden_size", 32), ("feature_layer", 3), ("max_steps", 0)):
+        with pytest.raises(ValueError, match=field):
+            ChainDrafter(ChainDrafterConfig(**{**cfg.__dict__, field: value}), target)
+    state = drafter.new_state(4, 4)
+    drafter.add_request(state, 0)
+    with pytest.raises(ValueError, match="extend first"):
+        drafter.draft(state, [0], torch.tensor([5]), 1, torch.zeros(1), None, None, None)
+    (tmp_path / "d" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_chain_drafter(tmp_path / "d", target)
