@@ -37,7 +37,9 @@ def uniform_noise(seeds: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, 
         float32 tensor ``[R, *shape]`` with values strictly inside (0, 1).
     """
     if seeds.shape != offsets.shape or seeds.dim() != 1:
-        raise ValueError(f"seeds and offsets must be 1-D and equal in shape, got {tuple(seeds.shape)} and {tuple(offsets.shape)}")
+        raise ValueError(
+            f"seeds and offsets must be 1-D and equal in shape, got {tuple(seeds.shape)} and {tuple(offsets.shape)}"
+        )
     n = 1
     for s in shape:
         n *= int(s)
@@ -48,8 +50,3 @@ def uniform_noise(seeds: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, 
     h = _fmix32(h + idx[None, :] * 0x9E3779B1)
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     return u.reshape(seeds.shape[0], *shape)
-
-
-def exponential_noise(seeds: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, ...], stream: int = 1) -> torch.Tensor:
-    """Exp(1) noise ``-log(U)``, same layout as :func:`uniform_noise` (for exponential-race sampling)."""
-    return -torch.log(uniform_noise(seeds, offsets, shape, stream))

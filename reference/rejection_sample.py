@@ -88,7 +88,7 @@ def rejection_sample_ref(
 
     Shapes as in :func:`dspark_kernels.ops.rejection_sample`; inputs are assumed valid. Only the counters are written.
     """
-    n, v = draft_token_ids.numel(), target_logits.shape[1]
+    n = draft_token_ids.numel()
     r = cu_num_draft_tokens.numel() - 1
     dev = target_logits.device
     cu = cu_num_draft_tokens.long()

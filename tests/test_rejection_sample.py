@@ -382,7 +382,7 @@ def test_lossless_residual_path(with_draft_probs):
 
 def test_chi_square_catches_a_wrong_residual(monkeypatch):
     """Mutation check: sampling the correction from p_t instead of the residual must fail the losslessness test."""
-    gamma, v, r = 1, 8, 400_000
+    gamma, r = 1, 400_000
     p_t_logits = torch.tensor([[3.0, 2.5, 2.0, 0.0, -1.0, -1.0, -2.0, -3.0]] * 2)
     p_d = torch.softmax(torch.tensor([[-3.0, -2.0, -1.0, 0.5, 2.0, 2.5, 3.0, 1.0]]), dim=-1)
     batch = big_fixed_batch(r, gamma, p_t_logits, p_d, 1.0)

@@ -19,8 +19,9 @@ Metrics kept on the device, read once at the end: a histogram of accepted drafts
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
 import torch
 
 from ..models import CausalLM
@@ -109,9 +110,11 @@ def speculative_generate(
     eos_token_id: int | None = None,
     page_size: int = 16,
     impl: str | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> SpecResult:
     """Speculative decoding of every prompt (see module docstring); same arguments as ``models.generate`` plus the
-    drafter and the verify length ``gamma``."""
+    drafter, the verify length ``gamma`` and ``on_tokens(prompt_index, new_tokens)``, called as tokens are final
+    (for streaming)."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not isinstance(gamma, int) or gamma < 1:
@@ -157,11 +160,13 @@ def speculative_generate(
         out[i].append(tok)
         anchors[i] = tok
     steps, n_rounds, draft_s, verify_s = 1, 0, 0.0, 0.0
-    live = _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate)
+    live = _stream(live, [0] * n, out, on_tokens,
+                   _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
     rounds = [1] * n  # noise counter per request (round 0 was the prefill draw)
 
     while live:
         r = len(live)
+        before = [len(out[i]) for i in range(n)] if on_tokens else []
         temp, tk, tp, seed = reqs.take(live)
         offs = torch.tensor([rounds[i] for i in live], dtype=torch.int64, device=dev)
         anchor_t = torch.tensor([anchors[i] for i in live], dtype=torch.int64, device=dev)
@@ -200,11 +205,21 @@ def speculative_generate(
             anchors[i] = emitted[j][a]
         _sync(dev)
         verify_s += time.perf_counter() - tv
-        live = _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate)
+        live = _stream(live, before, out, on_tokens,
+                       _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
 
     _sync(dev)
     return SpecResult(out, reasons, time.perf_counter() - t0, steps, n_rounds, hist.tolist(), gamma,
                       draft_s=draft_s, verify_s=verify_s)
+
+
+def _stream(round_live, before, out, on_tokens, next_live):
+    """Report the tokens each request of the round gained (after EOS/length truncation); return ``next_live``."""
+    if on_tokens is not None:
+        for i in round_live:
+            if len(out[i]) > before[i]:
+                on_tokens(i, out[i][before[i]:])
+    return next_live
 
 
 def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate) -> list[int]:

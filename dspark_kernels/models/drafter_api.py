@@ -8,7 +8,7 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DraftOutput", "Drafter"]
+__all__ = ["DraftOutput", "Drafter", "load_drafter"]
 
 
 @dataclass
@@ -44,3 +44,23 @@ class Drafter(Protocol):
     def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None) -> DraftOutput: ...
+
+
+def load_drafter(path, target, dtype: torch.dtype = torch.float32) -> Drafter:
+    """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``."""
+    import json
+    from pathlib import Path
+
+    cfg_file = Path(path) / "drafter_config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"drafter checkpoint file missing: {cfg_file}")
+    kind = json.loads(cfg_file.read_text()).get("drafter_type")
+    if kind == "block":
+        from .drafter import load_block_drafter
+
+        return load_block_drafter(path, target, dtype)
+    if kind == "chain":
+        from .chain_drafter import load_chain_drafter
+
+        return load_chain_drafter(path, target, dtype)
+    raise ValueError(f"{cfg_file}: unknown drafter_type {kind!r} (expected 'block' or 'chain')")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..ops.rejection_sample import rejection_noise, rejection_sample
 from .transformer import CausalLM
 
 __all__ = ["GenerateResult", "generate"]
@@ -64,12 +65,6 @@ class _Sampler:
             seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()
         self.seeds = _per_request("seeds", seeds, n, int)
         self.device, self.impl = device, impl
-        if not self.greedy:
-            try:
-                from ..ops.rejection_sample import rejection_noise, rejection_sample
-            except ImportError as e:  # pragma: no cover - depends on the sampler op being installed
-                raise NotImplementedError("sampling (temperature > 0) needs dspark_kernels.ops.rejection_sample") from e
-            self._sample, self._noise = rejection_sample, rejection_noise
 
     def __call__(self, logits: torch.Tensor, reqs: list[int], offsets: list[int]) -> list[int]:
         """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far
@@ -80,8 +75,8 @@ class _Sampler:
         cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
         seeds = torch.tensor([self.seeds[i] for i in reqs], dtype=torch.int64, device=dev)
         offs = torch.tensor(offsets, dtype=torch.int64, device=dev)
-        accept_u, sample_u = self._noise(seeds, offs, cu, 0, max_spec_len=0)
-        out, _ = self._sample(
+        accept_u, sample_u = rejection_noise(seeds, offs, cu, 0, max_spec_len=0)
+        out, _ = rejection_sample(
             torch.zeros(0, dtype=torch.int64, device=dev),
             cu,
             None,

@@ -19,24 +19,14 @@ def triton_interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def resolve_impl(impl: str | None, device: torch.device) -> str:
     """Return ``"triton"`` or ``"torch"`` for an op whose tensors live on ``device``."""
     choice = impl if impl is not None else os.environ.get("DSPARK_IMPL", "auto")
     if choice not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS} (argument impl or env DSPARK_IMPL), got {choice!r}")
     if choice == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        return "triton" if device.type == "cuda" else "torch"
     if choice == "triton":
-        if not triton_available():
-            raise RuntimeError("impl='triton' needs the triton package: pip install 'dspark-kernels[triton]'")
         if device.type != "cuda" and not triton_interpreted():
             raise RuntimeError(
                 f"impl='triton' needs CUDA tensors (got device {device}) or the interpreter (TRITON_INTERPRET=1)"

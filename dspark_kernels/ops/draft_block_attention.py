@@ -5,7 +5,7 @@ Layout:
     q            [total_q, Hq, D]                 block queries of all requests, flattened by ``cu_seqlens_q``
     k_block      [total_q, Hkv, D]                the blocks' own keys (same rows as ``q``)
     v_block      [total_q, Hkv, D]                the blocks' own values
-    k_cache      [num_pages, page_size, Hkv, D]   per-request cache of projected context keys, grows with accepted tokens
+    k_cache      [num_pages, page_size, Hkv, D]   per-request projected context keys (grows with accepted tokens)
     v_cache      [num_pages, page_size, Hkv, D]   same for values
     page_table   [R, max_pages] int32/int64       page ids of each request's context, in position order
     cu_seqlens_q [R + 1]                          block offsets (a request's block length may be 0..gamma)
@@ -18,107 +18,101 @@ RoPE is applied by the caller (context keys at their absolute positions, block q
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from ..autotune.store import launch_config
 from ..reference.draft_block_attention import draft_block_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
+from ._flash import online_softmax_step
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton"]
 
 _DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
-try:
-    import triton
-    import triton.language as tl
 
-    from ._flash import online_softmax_step
-except ImportError:  # the CPU path needs no Triton
-    triton = None
+@triton.jit
+def _draft_block_attention_kernel(
+    Q, KB, VB, KC, VC, Out, PT, CU, CL,
+    qk_scale,
+    stride_qt, stride_qh,
+    stride_kbt, stride_kbh,
+    stride_vbt, stride_vbh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_pt,
+    PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One program = one request x one KV head x BLOCK_M rows of (block slot, query head in the GQA group).
 
-if triton is not None:
+    First loop: the paged context (all visible). Second loop: the request's own block (all visible).
+    Both feed one online softmax in fp32.
+    """
+    r = tl.program_id(0)
+    kvh = tl.program_id(1)
+    mb = tl.program_id(2)
+    q_start = tl.load(CU + r).to(tl.int64)
+    q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
+    ctx_len = tl.load(CL + r).to(tl.int64)
+    if mb * BLOCK_M >= q_len * GROUP:
+        return
 
-    @triton.jit
-    def _draft_block_attention_kernel(
-        Q, KB, VB, KC, VC, O, PT, CU, CL,
-        qk_scale,
-        stride_qt, stride_qh,
-        stride_kbt, stride_kbh,
-        stride_vbt, stride_vbh,
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        stride_ot, stride_oh,
-        stride_pt,
-        PAGE_SIZE: tl.constexpr,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr,
-    ):
-        """One program = one request x one KV head x BLOCK_M rows of (block slot, query head in the GQA group).
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = tok < q_len
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(
+        Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-        First loop: the paged context (all visible). Second loop: the request's own block (all visible).
-        Both feed one online softmax in fp32.
-        """
-        r = tl.program_id(0)
-        kvh = tl.program_id(1)
-        mb = tl.program_id(2)
-        q_start = tl.load(CU + r).to(tl.int64)
-        q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
-        ctx_len = tl.load(CL + r).to(tl.int64)
-        if mb * BLOCK_M >= q_len * GROUP:
-            return
-
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        tok = rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        row_ok = tok < q_len
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-        q = tl.load(
-            Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-            mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-        )
+    for start in range(0, ctx_len, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < ctx_len
+        page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = (n % PAGE_SIZE).to(tl.int64)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(KC + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                    mask=kv_mask, other=0.0)
+        v = tl.load(VC + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                    mask=kv_mask, other=0.0)
         if DOT_F32:
-            q = q.to(tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
-        for start in range(0, ctx_len, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < ctx_len
-            page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            slot = (n % PAGE_SIZE).to(tl.int64)
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(KC + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                        mask=kv_mask, other=0.0)
-            v = tl.load(VC + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                        mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
+    for start in range(0, q_len, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < q_len
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(KB + (q_start + n)[:, None] * stride_kbt + kvh * stride_kbh + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(VB + (q_start + n)[:, None] * stride_vbt + kvh * stride_vbh + d[None, :], mask=kv_mask, other=0.0)
+        if DOT_F32:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
-        for start in range(0, q_len, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < q_len
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(KB + (q_start + n)[:, None] * stride_kbt + kvh * stride_kbh + d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(VB + (q_start + n)[:, None] * stride_vbt + kvh * stride_vbh + d[None, :], mask=kv_mask, other=0.0)
-            if DOT_F32:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
-
-        out = acc / l_i[:, None]
-        tl.store(
-            O + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-            out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :],
-        )
+    out = acc / l_i[:, None]
+    tl.store(
+        Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :],
+    )
 
 
 def draft_block_attention_triton(

@@ -51,7 +51,13 @@ from ..reference.rejection_sample import RESIDUAL_EPS, RejectionResult, _ragged_
 from ._dispatch import resolve_impl
 from ._sampling import cdf_scan_step, filter_row, row_stats_step
 from ._validate import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_finite, check_range, check_shape, check_tensor,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_cu_seqlens,
+    check_finite,
+    check_range,
+    check_shape,
+    check_tensor,
 )
 
 __all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton"]

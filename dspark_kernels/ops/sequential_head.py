@@ -35,7 +35,13 @@ from ..reference.sequential_head import KINDS, SequentialHeadResult, SequentialH
 from ._dispatch import resolve_impl
 from ._sampling import filter_row, inverse_cdf_row, row_stats_step
 from ._validate import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_finite, check_range, check_shape, check_tensor,
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_cu_seqlens,
+    check_finite,
+    check_range,
+    check_shape,
+    check_tensor,
 )
 
 __all__ = ["SequentialHeadResult", "SequentialHeadWeights", "sequential_head", "sequential_head_triton"]

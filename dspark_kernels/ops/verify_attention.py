@@ -16,10 +16,13 @@ This one op serves prefill (q_len = prompt), decode (q_len = 1) and verify (q_le
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from ..autotune.store import launch_config
 from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
+from ._flash import online_softmax_step
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
 __all__ = ["verify_attention", "verify_attention_triton"]
@@ -86,91 +89,82 @@ _DEFAULTS = {
     "prefill": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
 
-try:
-    import triton
-    import triton.language as tl
 
-    from ._flash import online_softmax_step
-except ImportError:  # the CPU path needs no Triton
-    triton = None
+@triton.jit
+def _verify_attention_kernel(
+    Q, K, V, Out, PT, CU, SL,
+    qk_scale,
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh,
+    stride_pt,
+    PAGE_SIZE: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One program = one request x one KV head x BLOCK_M rows of (new token, query head in the GQA group).
 
-if triton is not None:
+    Packing the GQA group into the M dimension gives decode (1 token, GROUP heads) a real tile for tl.dot.
+    Keys/values are gathered page by page; softmax is online (FlashAttention-style) in fp32, with exp2.
+    """
+    r = tl.program_id(0)
+    kvh = tl.program_id(1)
+    mb = tl.program_id(2)
+    q_start = tl.load(CU + r).to(tl.int64)
+    q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
+    kv_len = tl.load(SL + r).to(tl.int64)
+    if mb * BLOCK_M >= q_len * GROUP:
+        return
 
-    @triton.jit
-    def _verify_attention_kernel(
-        Q, K, V, O, PT, CU, SL,
-        qk_scale,
-        stride_qt, stride_qh,
-        stride_kp, stride_ks, stride_kh,
-        stride_vp, stride_vs, stride_vh,
-        stride_ot, stride_oh,
-        stride_pt,
-        PAGE_SIZE: tl.constexpr,
-        GROUP: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        PRECISION: tl.constexpr,
-        DOT_F32: tl.constexpr,
-    ):
-        """One program = one request x one KV head x BLOCK_M rows of (new token, query head in the GQA group).
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = tok < q_len
+    q_pos = kv_len - q_len + tok  # absolute position of each row's token
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
 
-        Packing the GQA group into the M dimension gives decode (1 token, GROUP heads) a real tile for tl.dot.
-        Keys/values are gathered page by page; softmax is online (FlashAttention-style) in fp32, with exp2.
-        """
-        r = tl.program_id(0)
-        kvh = tl.program_id(1)
-        mb = tl.program_id(2)
-        q_start = tl.load(CU + r).to(tl.int64)
-        q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
-        kv_len = tl.load(SL + r).to(tl.int64)
-        if mb * BLOCK_M >= q_len * GROUP:
-            return
+    q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
 
-        rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-        tok = rows // GROUP
-        head = kvh * GROUP + rows % GROUP
-        row_ok = tok < q_len
-        q_pos = kv_len - q_len + tok  # absolute position of each row's token
-        d = tl.arange(0, BLOCK_D)
-        d_ok = d < HEAD_DIM
-
-        q_ptrs = Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
-        q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # keys past the last row's position are never visible: stop the loop there
+    last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+    hi = kv_len - q_len + last_tok + 1
+    for start in range(0, hi, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = (n % PAGE_SIZE).to(tl.int64)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(
+            K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+            mask=kv_mask, other=0.0,
+        )
         if DOT_F32:
-            q = q.to(tl.float32)
+            k = k.to(tl.float32)
+        v = tl.load(
+            V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+            mask=kv_mask, other=0.0,
+        )
+        if DOT_F32:
+            v = v.to(tl.float32)
+        visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION)
 
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        # keys past the last row's position are never visible: stop the loop there
-        last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
-        hi = kv_len - q_len + last_tok + 1
-        for start in range(0, hi, BLOCK_N):
-            n = start + tl.arange(0, BLOCK_N)
-            n_ok = n < hi
-            page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            slot = (n % PAGE_SIZE).to(tl.int64)
-            kv_mask = n_ok[:, None] & d_ok[None, :]
-            k = tl.load(
-                K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                mask=kv_mask, other=0.0,
-            )
-            if DOT_F32:
-                k = k.to(tl.float32)
-            v = tl.load(
-                V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                mask=kv_mask, other=0.0,
-            )
-            if DOT_F32:
-                v = v.to(tl.float32)
-            visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION)
-
-        out = acc / l_i[:, None]
-        o_ptrs = O + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    out = acc / l_i[:, None]
+    o_ptrs = Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
 def verify_attention_triton(

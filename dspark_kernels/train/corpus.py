@@ -76,7 +76,7 @@ def collect_documents(sources: dict[str, Path]) -> dict[str, dict[str, list[dict
     """All documents by domain and split. Raises FileNotFoundError naming a missing source."""
     for name in ("stdlib", "include"):
         if name not in sources or not Path(sources[name]).is_dir():
-            raise FileNotFoundError(f"corpus source {name!r} not found at {sources.get(name)}: it is needed for the corpus")
+            raise FileNotFoundError(f"corpus source {name!r} not found at {sources.get(name)}: the corpus needs it")
     stdlib, include = Path(sources["stdlib"]), Path(sources["include"])
     docs = {d: {s: [] for s in SPLITS} for d in DOMAINS}
     code_files = _stdlib_files(stdlib)
@@ -99,7 +99,8 @@ def collect_documents(sources: dict[str, Path]) -> dict[str, dict[str, list[dict
     if not headers:
         raise FileNotFoundError(f"corpus source 'include' at {include} holds no C headers (held-out domain)")
     for path in headers:
-        docs["heldout"]["test"].append({"source": f"include/{path.relative_to(include).as_posix()}", "text": _read(path)})
+        rel = path.relative_to(include).as_posix()
+        docs["heldout"]["test"].append({"source": f"include/{rel}", "text": _read(path)})
     return docs
 
 

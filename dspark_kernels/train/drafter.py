@@ -13,7 +13,8 @@ from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
 
 CLI::
 
-    python -m dspark_kernels.train.drafter --name dspark --head vanilla --rank 64 --out dspark_kernels/assets/drafters/dspark
+    python -m dspark_kernels.train.drafter --name dspark --head vanilla --rank 64 \
+        --out dspark_kernels/assets/drafters/dspark
 """
 
 from __future__ import annotations

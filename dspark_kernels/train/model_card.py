@@ -83,8 +83,24 @@ def write_card(model_dir: Path, corpus_dir: Path, train_summary: Path, out: Path
 def render(m: dict) -> str:
     tr = m["training"] or {}
     cfg = tr.get("config", {})
+    shape = "{num_layers} / {hidden_size} / {num_heads} ({num_kv_heads}) / {head_dim} / {intermediate_size}".format(
+        **{k: cfg.get(k) for k in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+                                   "intermediate_size")})
+    facts = [
+        ("parameters", f"{m['params'] / 1e6:.2f} M (tied embeddings)"),
+        ("layers / hidden / heads (kv) / head_dim / MLP", shape),
+        ("vocabulary", "8192 (byte-level BPE, `tokenizer.json`; pad 0, bos 1, eos 2, mask 3)"),
+        ("tokens seen", f"{tr.get('tokens_seen', 0) / 1e6:.1f} M ({tr.get('steps')} steps of "
+                        f"{cfg.get('batch_size')} x {cfg.get('seq_len')})"),
+        ("training time", f"{tr.get('train_minutes', 0):.0f} min on 2 CPU cores (shared with other work)"),
+        ("final validation loss (full splits, training script)",
+         ", ".join(f"{k} {v:.3f}" for k, v in (tr.get("val_loss") or {}).items())),
+        ("weights", "bfloat16 safetensors"),
+    ]
+    fact_rows = "\n".join(f"| {k} | {v} |" for k, v in facts)
     rows = "\n".join(
-        f"| {d} | {EVAL_SPLITS[d]} | {v['nll']:.3f} | {v['perplexity']:.2f} | {v['tokens']} |" for d, v in m["eval"].items()
+        f"| {d} | {EVAL_SPLITS[d]} | {v['nll']:.3f} | {v['perplexity']:.2f} | {v['tokens']} |"
+        for d, v in m["eval"].items()
     )
     sample_md = "\n\n".join(f"**{k}** (greedy, 96 new tokens):\n\n```\n{s}\n```" for k, s in m["samples"].items())
     files = "\n".join(f"| `target/{k}` | {v / 1e6:.2f} MB |" for k, v in m["files_bytes"].items())
@@ -97,13 +113,7 @@ standard library's sources, its docstrings and pydoc topics; C headers held out)
 
 | | |
 | --- | --- |
-| parameters | {m['params'] / 1e6:.2f} M (tied embeddings) |
-| layers / hidden / heads (kv) / head_dim / MLP | {cfg.get('num_layers')} / {cfg.get('hidden_size')} / {cfg.get('num_heads')} ({cfg.get('num_kv_heads')}) / {cfg.get('head_dim')} / {cfg.get('intermediate_size')} |
-| vocabulary | 8192 (byte-level BPE, `tokenizer.json`; pad 0, bos 1, eos 2, mask 3) |
-| tokens seen | {tr.get('tokens_seen', 0) / 1e6:.1f} M ({tr.get('steps')} steps of {cfg.get('batch_size')} x {cfg.get('seq_len')}) |
-| training time | {tr.get('train_minutes', 0):.0f} min on 2 CPU cores (shared with other work) |
-| final validation loss (full splits, training script) | {', '.join(f'{k} {v:.3f}' for k, v in (tr.get('val_loss') or {}).items())} |
-| weights | bfloat16 safetensors |
+{fact_rows}
 
 Perplexity on the fixed evaluation set ({m['eval_set']['blocks']} blocks x {m['eval_set']['seq_len']} tokens per domain;
 recomputed by `tests/test_shipped_target.py`):

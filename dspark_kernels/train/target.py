@@ -101,7 +101,8 @@ def eval_loss(model, data: torch.Tensor, batch_size: int = 16, max_blocks: int |
     for i in range(0, data.shape[0], batch_size):
         x = data[i : i + batch_size]
         logits = model(input_ids=x).logits[:, :-1].float()
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+        flat = logits.reshape(-1, logits.shape[-1])
+        loss = torch.nn.functional.cross_entropy(flat, x[:, 1:].reshape(-1), reduction="sum")
         total += float(loss)
         count += x[:, 1:].numel()
     model.train()
@@ -131,8 +132,10 @@ def train(args: argparse.Namespace) -> None:
     cfg = TargetTrainConfig(max_steps=args.max_steps, seed=args.seed)
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(args.tokenizer)
-    train_data = blocks(token_stream(tokenizer, [t for d in TRAIN_DOMAINS for t in read_split(args.corpus, d, "train")]), cfg.seq_len)
-    val = {d: blocks(token_stream(tokenizer, read_split(args.corpus, d, "validation")), cfg.seq_len) for d in TRAIN_DOMAINS}
+    train_texts = [t for d in TRAIN_DOMAINS for t in read_split(args.corpus, d, "train")]
+    train_data = blocks(token_stream(tokenizer, train_texts), cfg.seq_len)
+    val = {d: blocks(token_stream(tokenizer, read_split(args.corpus, d, "validation")), cfg.seq_len)
+           for d in TRAIN_DOMAINS}
     model = Qwen3ForCausalLM(make_hf_config(cfg, tokenizer.get_vocab_size()))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     work = Path(args.work_dir)

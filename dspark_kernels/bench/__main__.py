@@ -1,0 +1,17 @@
+"""``python -m dspark_kernels.bench <name> [options]``."""
+
+import argparse
+
+from . import acceptance
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m dspark_kernels.bench", description=__doc__)
+    sub = parser.add_subparsers(dest="name", required=True)
+    acceptance.add_arguments(sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0]))
+    args = parser.parse_args()
+    {"acceptance": acceptance.main}[args.name](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""End-to-end speculative decoding demo: ``python -m dspark_kernels.demo``.
+
+Loads the shipped target and drafters (or yours: ``--model``, ``--drafter``), decodes a few prompts per domain at
+batch size 1 with plain autoregressive decoding, DSpark and DFlash, streams DSpark's text as it is accepted, and prints
+a table of tokens/s, accepted length tau and speedup over autoregressive decoding, all measured side by side in this
+run. At temperature 0 it also checks that every method produced the target's own greedy text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .engine.speculative import speculative_generate
+from .models import generate, load_model
+from .models.drafter_api import load_drafter
+from .train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+PROMPTS = {
+    "code": ["import os\n\n\ndef list_python_files(root):\n", "class Stack:\n    def __init__(self):\n"],
+    "prose": ["The module provides", "Return a new list containing"],
+    "heldout": ["#ifndef Py_LIST_H\n#define Py_LIST_H\n", "/* Object protocol */\n\nPyAPI_FUNC(int) "],
+}
+
+
+def _run_ar(target, prompt, args):
+    return generate(target, [prompt], args.max_new_tokens, temperature=args.temperature, seeds=[args.seed],
+                    eos_token_id=EOS_ID, impl=args.impl)
+
+
+def _run_spec(target, drafter, prompt, args, on_tokens=None):
+    return speculative_generate(target, drafter, [prompt], args.max_new_tokens, args.gamma,
+                                temperature=args.temperature, seeds=[args.seed], eos_token_id=EOS_ID,
+                                impl=args.impl, on_tokens=on_tokens)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m dspark_kernels.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--prompt", help="decode only this prompt (default: built-in prompts per domain)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
+    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
+    p.add_argument("--baseline-drafter", type=Path, default=ASSETS / "drafters" / "dflash",
+                   help="DFlash comparison (skipped if the directory does not exist)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write machine-readable stats here")
+    args = p.parse_args(argv)
+
+    t_load = time.perf_counter()
+    target = load_model(args.model)
+    tokenizer = load_tokenizer(args.model)
+    methods = {"dspark": load_drafter(args.drafter, target)}
+    if args.baseline_drafter.exists():
+        methods["dflash"] = load_drafter(args.baseline_drafter, target)
+    prompts = {"custom": [args.prompt]} if args.prompt else PROMPTS
+    print(f"loaded target + {len(methods)} drafter(s) in {time.perf_counter() - t_load:.1f}s; "
+          f"gamma={args.gamma}, T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1\n")
+    warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
+    _run_ar(target, warm, args)
+    for drafter in methods.values():
+        _run_spec(target, drafter, warm, args)
+
+    totals = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
+    identical = {m: True for m in methods}
+    items = [(d, text) for d, texts in prompts.items() for text in texts]
+    for k, (domain, text) in enumerate(items, 1):
+        ids = [BOS_ID] + tokenizer.encode(text).ids
+        print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
+        sys.stdout.write(text)
+        ar = _run_ar(target, ids, args)
+        totals["ar"]["tokens"] += ar.num_generated
+        totals["ar"]["seconds"] += ar.elapsed_s
+        for name, drafter in methods.items():
+            stream = (lambda i, toks: (sys.stdout.write(tokenizer.decode(toks)), sys.stdout.flush())) \
+                if name == "dspark" else None
+            res = _run_spec(target, drafter, ids, args, on_tokens=stream)
+            t = totals[name]
+            t["tokens"] += res.num_generated
+            t["seconds"] += res.elapsed_s
+            t["rounds"] += res.rounds
+            t["emitted"] += res.tau * res.rounds
+            identical[name] &= res.tokens == ar.tokens
+        print(f"\n    [AR {ar.num_generated / ar.elapsed_s:.0f} tok/s]\n")
+
+    ar_tps = totals["ar"]["tokens"] / totals["ar"]["seconds"]
+    runs = [{"method": "ar", "tokens_per_s": ar_tps, "tau": 1.0, "new_tokens": totals["ar"]["tokens"],
+             "speedup": 1.0}]
+    for name in methods:
+        t = totals[name]
+        tps = t["tokens"] / t["seconds"]
+        runs.append({"method": name, "tokens_per_s": tps, "tau": t["emitted"] / max(t["rounds"], 1),
+                     "new_tokens": t["tokens"], "speedup": tps / ar_tps,
+                     "identical_to_ar": identical[name] if args.temperature == 0 else None})
+    print(f"{'method':8s} {'tokens/s':>9s} {'tau':>6s} {'speedup':>8s}  identical to AR")
+    for r in runs:
+        same = "-" if r["method"] == "ar" or r.get("identical_to_ar") is None else str(r["identical_to_ar"])
+        print(f"{r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
+    out = {"settings": {"gamma": args.gamma, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                        "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads()}, "runs": runs}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
