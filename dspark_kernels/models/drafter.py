@@ -236,7 +236,8 @@ class BlockDrafter(nn.Module):
         slots = cache.slot_mapping(page_table, ctx_lens, cu)
         q_len_t = (cu[1:] - cu[:-1]).long()
         req = torch.repeat_interleave(torch.arange(len(q_lens), device=self.device), q_len_t)
-        positions = ctx_lens.long()[req] - q_len_t[req] + torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
+        offset_in_chunk = torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
+        positions = ctx_lens.long()[req] - q_len_t[req] + offset_in_chunk
         h_ctx = self.context_features(features.to(self.fc.weight.dtype))
         cos, sin = self._rope(positions, h_ctx.dtype)
         for i, layer in enumerate(self.layers):
