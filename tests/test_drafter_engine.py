@@ -165,3 +165,12 @@ def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
     (tmp_path / "d" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_block_drafter(tmp_path / "d", target)
+
+
+def test_traces_record_confidence_and_acceptance(target):
+    drafter = make_drafter(target)
+    res = speculative_generate(target, drafter, [[1, 5], [1, 6, 7]], 10, 4, temperature=1.0, seeds=[1, 2],
+                               record_traces=True)
+    conf, acc = res.extra["confidence_logits"], res.extra["accepted"]
+    assert conf.shape == (res.rounds, 4) and acc.shape == (res.rounds,)
+    assert torch.bincount(acc, minlength=5).tolist() == res.accept_hist

@@ -111,10 +111,13 @@ def speculative_generate(
     page_size: int = 16,
     impl: str | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    record_traces: bool = False,
 ) -> SpecResult:
     """Speculative decoding of every prompt (see module docstring); same arguments as ``models.generate`` plus the
     drafter, the verify length ``gamma`` and ``on_tokens(prompt_index, new_tokens)``, called as tokens are final
-    (for streaming)."""
+    (for streaming). ``record_traces`` keeps, per round and request, the drafter's confidence logits and the number
+    of accepted drafts (``extra["confidence_logits"] [rounds, gamma]``, ``extra["accepted"] [rounds]``,
+    ``extra["trace_request"] [rounds]``): the data for calibration and for replaying scheduling policies."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not isinstance(gamma, int) or gamma < 1:
@@ -163,6 +166,7 @@ def speculative_generate(
     live = _stream(live, [0] * n, out, on_tokens,
                    _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
     rounds = [1] * n  # noise counter per request (round 0 was the prefill draw)
+    traces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     while live:
         r = len(live)
@@ -186,6 +190,8 @@ def speculative_generate(
         res = rejection_sample(drafted.tokens, cu_d, None if reqs.greedy else drafted.draft_probs, fwd.logits, temp,
                                tk, tp, acc_u, smp_u, max_spec_len=gamma, impl=impl, check_inputs=False)
         hist.index_add_(0, res.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
+        if record_traces and drafted.confidence_logits is not None:
+            traces.append((drafted.confidence_logits.view(r, gamma), res.num_accepted, torch.tensor(live)))
         n_acc = res.num_accepted.tolist()
         emitted = res.output_token_ids.tolist()
         steps += 1
@@ -209,8 +215,13 @@ def speculative_generate(
                        _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
 
     _sync(dev)
+    extra = {}
+    if traces:
+        extra = {"confidence_logits": torch.cat([t[0] for t in traces]).float().cpu(),
+                 "accepted": torch.cat([t[1] for t in traces]).long().cpu(),
+                 "trace_request": torch.cat([t[2] for t in traces])}
     return SpecResult(out, reasons, time.perf_counter() - t0, steps, n_rounds, hist.tolist(), gamma,
-                      draft_s=draft_s, verify_s=verify_s)
+                      draft_s=draft_s, verify_s=verify_s, extra=extra)
 
 
 def _stream(round_live, before, out, on_tokens, next_live):
