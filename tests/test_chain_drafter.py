@@ -176,8 +176,8 @@ def test_seeded_runs_reproduce_and_do_not_depend_on_batching(target, trained):
     assert a.tokens[1] == b.tokens[0]
 
 
-@pytest.mark.parametrize("max_steps", [3, 1])
-def test_training_steps_reduce_loss(target, max_steps):
+@pytest.mark.parametrize("max_steps,positions", [(3, 0), (3, 8), (1, 0)])
+def test_training_steps_reduce_loss(target, max_steps, positions):
     drafter = make_drafter(target, max_steps).train()
     rng = random.Random(0)
     ro = Rollouts([[1, 5, 6, 7]] * 4, [[rng.randrange(4, VOCAB) for _ in range(20)] for _ in range(4)], [1.0] * 4,
@@ -186,12 +186,16 @@ def test_training_steps_reduce_loss(target, max_steps):
     batch = make_chain_batch(target, ro, [0, 1, 2, 3], drafter.config.feature_layer)
     first = None
     for _ in range(12):
-        loss = chain_loss(drafter, batch, max_steps).total
+        loss = chain_loss(drafter, batch, max_steps, positions=positions).total
         first = first if first is not None else loss.item()
         opt.zero_grad()
         loss.backward()
         opt.step()
     assert loss.item() < 0.8 * first
+    if positions:  # subsampled positions estimate the same loss as evaluating every position
+        full = chain_loss(drafter, batch, max_steps).total.item()
+        sub = [chain_loss(drafter, batch, max_steps, positions=positions).total.item() for _ in range(20)]
+        assert abs(sum(sub) / len(sub) - full) < 0.15 * full
 
 
 def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):

@@ -286,14 +286,15 @@ class ChainDrafter(nn.Module):
                           torch.stack(hidden_all, 1))
 
     # ------------------------------------------------------------------ training
-    def forward_train(self, features: torch.Tensor, tokens: torch.Tensor,
-                      steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, steps: int,
+                      logits: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
         """Teacher-forced chain over whole sequences with a training-time-test unroll (see module docstring).
 
         Args:
             features: ``[B, L, hidden]`` target features of ``feature_layer`` at every position.
             tokens: ``[B, L]`` token ids.
             steps: chain steps ``K`` to unroll.
+            logits: False skips the LM head (``None`` logits; apply :meth:`lm_logits` to chosen rows of ``hidden``).
         Returns:
             ``logits [B, K, L, V]`` fp32 and ``hidden [B, K, L, hidden]``; step ``k`` (1-based) at position ``t``
             predicts ``x_{t+2}`` for the chain anchored at ``t - k + 2`` (positions where the inputs do not exist
@@ -323,10 +324,11 @@ class ChainDrafter(nn.Module):
             vcat = torch.cat(values, dim=1).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, kcat, vcat, attn_mask=mask, enable_gqa=attn.hq != attn.hkv)
             g = self.layer.finish(x, o.transpose(1, 2).reshape(b * seq_len, -1)).view(b, seq_len, -1)
-            logits_out.append(self.lm_logits(g))
+            if logits:
+                logits_out.append(self.lm_logits(g))
             hidden_out.append(g)
             feats = torch.cat([g.new_zeros(b, 1, g.shape[-1]), g[:, :-1]], dim=1)  # g^{k}_{t-1} at position t
-        return torch.stack(logits_out, 1), torch.stack(hidden_out, 1)
+        return (torch.stack(logits_out, 1) if logits else None), torch.stack(hidden_out, 1)
 
     # ------------------------------------------------------------------ I/O
     def save(self, out_dir: str | Path) -> None:

@@ -7,7 +7,8 @@ feature input is the drafter's own previous output hidden (training-time test, s
 chain anchored at ``A = t - k + 2``; it is supervised when ``A`` is a response token and ``x_{A+k}`` exists (same
 anchor rule as the block drafter), against the rollout token (CE) and the target's temperature-1 distribution at
 ``t + 1`` (L1 = twice the TV distance), weighted by ``w_k = exp(-(k - 1) / 4)`` and normalised over valid slots:
-``L = a_ce * CE + a_tv * L1`` (default 0.1 / 0.9 as for DSpark). MTP-1 trains step 1 only.
+``L = a_ce * CE + a_tv * L1`` (default 0.1 / 0.9 as for DSpark). MTP-1 trains step 1 only. ``--positions`` bounds
+memory: the LM head and loss run at that many random supervised positions per sequence (the layer runs everywhere).
 
 AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
 from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
@@ -67,22 +68,32 @@ class LossParts:
 
 
 def chain_loss(drafter: ChainDrafter, batch: ChainBatch, steps: int, weights: tuple[float, float] = (0.1, 0.9),
-               decay: float = 4.0) -> LossParts:
-    """The position-weighted CE + L1 loss of ``steps`` unrolled chain steps (see module docstring)."""
+               decay: float = 4.0, positions: int = 0, generator: torch.Generator | None = None) -> LossParts:
+    """The position-weighted CE + L1 loss of ``steps`` unrolled chain steps (see module docstring).
+
+    ``positions > 0`` evaluates the LM head and the loss at that many random supervised positions per sequence only
+    (memory: ``[B, K, positions, V]`` instead of ``[B, K, L, V]`` logits); 0 = every position.
+    """
     a_ce, a_tv = weights
-    logits, _ = drafter.forward_train(batch.features, batch.tokens, steps)  # [B, K, L, V]
-    b, k_steps, seq_len, v = logits.shape
-    t = torch.arange(seq_len)
+    _, hidden = drafter.forward_train(batch.features, batch.tokens, steps, logits=False)  # [B, K, L, h]
+    b, k_steps, seq_len, _ = hidden.shape
+    t = torch.arange(seq_len).expand(b, seq_len)  # [B, P] positions evaluated
+    if 0 < positions < seq_len:
+        ok = (t + 1 >= batch.prompt_lens[:, None]) & (t + 2 < batch.lens[:, None])  # step-1 supervised
+        score = torch.rand(b, seq_len, generator=generator) + ok.float()
+        t = score.topk(positions, dim=1).indices.sort(dim=1).values
+        hidden = hidden.gather(2, t[:, None, :, None].expand(b, k_steps, -1, hidden.shape[-1]))
+    logits = drafter.lm_logits(hidden)  # [B, K, P, V]
     k = torch.arange(1, k_steps + 1)
-    anchor = t[None, None, :] - k[None, :, None] + 2  # [1, K, L]
-    valid = (anchor >= batch.prompt_lens[:, None, None]) & (t[None, None, :] + 2 < batch.lens[:, None, None])
-    label_pos = (t + 2).clamp(max=seq_len - 1)
-    labels = batch.tokens[:, label_pos]  # [B, L]
-    tgt = F.softmax(batch.target_logits[:, (t + 1).clamp(max=seq_len - 1)], dim=-1)  # [B, L, V]
+    anchor = t[:, None, :] - k[None, :, None] + 2  # [B, K, P]
+    valid = (anchor >= batch.prompt_lens[:, None, None]) & (t[:, None, :] + 2 < batch.lens[:, None, None])
+    labels = batch.tokens.gather(1, (t + 2).clamp(max=seq_len - 1))  # [B, P]
+    tgt_rows = (t + 1).clamp(max=seq_len - 1)
+    tgt = F.softmax(batch.target_logits.gather(1, tgt_rows[..., None].expand(-1, -1, logits.shape[-1])), dim=-1)
     w = torch.exp(-(k.float() - 1) / decay)[None, :, None] * valid
     denom = w.sum().clamp_min(1e-8)
     log_pd = F.log_softmax(logits, dim=-1)
-    ce = -log_pd.gather(-1, labels[:, None, :, None].expand(b, k_steps, seq_len, 1)).squeeze(-1)
+    ce = -log_pd.gather(-1, labels[:, None, :, None].expand(b, k_steps, -1, 1)).squeeze(-1)
     l1 = (log_pd.exp() - tgt[:, None]).abs().sum(-1)
     total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
     with torch.no_grad():
@@ -120,7 +131,7 @@ def train(args: argparse.Namespace) -> dict:
         batch = make_chain_batch(target, rollouts, idx, drafter.config.feature_layer)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight))
+        parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight), positions=args.positions)
         opt.zero_grad(set_to_none=True)
         parts.total.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -156,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--positions", type=int, default=128,
+                   help="supervised positions sampled per sequence and step (0 = all; bounds the logits' memory)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
