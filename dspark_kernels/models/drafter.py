@@ -40,7 +40,7 @@ from .config import ModelConfig
 from .drafter_api import DraftOutput
 from .kv_cache import PagedKVCache
 from .sequential_head import SequentialHead
-from .transformer import MLP, CausalLM, RMSNorm, apply_rope
+from .transformer import CausalLM, DecoderLayer, RMSNorm
 
 __all__ = ["BlockDrafter", "DrafterConfig", "load_block_drafter"]
 
@@ -93,41 +93,8 @@ class DrafterConfig:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {target.vocab_size})")
 
 
-class DraftAttention(nn.Module):
-    """Target-family attention whose keys/values also cover the projected context (see module docstring)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.hq, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, self.hq * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, self.hkv * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, self.hkv * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.hq * d, h, bias=cfg.attention_bias)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
-
-    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [T, hidden]`` -> roped queries ``[T, Hq, D]``."""
-        q = self.q_proj(x).view(x.shape[0], self.hq, self.d)
-        return apply_rope(self.q_norm(q) if self.qk_norm else q, cos, sin)
-
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [T, hidden]`` -> roped keys and values ``[T, Hkv, D]``."""
-        k = self.k_proj(x).view(x.shape[0], self.hkv, self.d)
-        v = self.v_proj(x).view(x.shape[0], self.hkv, self.d)
-        return apply_rope(self.k_norm(k) if self.qk_norm else k, cos, sin), v
-
-
-class DraftLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+class DraftLayer(DecoderLayer):
+    """A target-family decoder layer whose attention is run by the drafter (over context + block)."""
 
     def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Residual around attention (``attn_out [T, Hq * D]``), then the MLP block."""

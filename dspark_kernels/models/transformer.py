@@ -77,15 +77,22 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x [T, hidden]`` -> roped queries ``[T, Hq, D]`` (Qwen3: per-head q_norm first)."""
+        q = self.q_proj(x).view(x.shape[0], self.hq, self.d)
+        return apply_rope(self.q_norm(q) if self.qk_norm else q, cos, sin)
+
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x [T, hidden]`` -> roped keys and values ``[T, Hkv, D]`` (Qwen3: per-head k_norm first)."""
+        k = self.k_proj(x).view(x.shape[0], self.hkv, self.d)
+        v = self.v_proj(x).view(x.shape[0], self.hkv, self.d)
+        return apply_rope(self.k_norm(k) if self.qk_norm else k, cos, sin), v
+
     def forward(self, x: torch.Tensor, ctx: "_BatchCtx", layer: int) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``; writes this layer's K/V for the new tokens into the cache."""
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.hq, self.d)
-        k = self.k_proj(x).view(t, self.hkv, self.d)
-        v = self.v_proj(x).view(t, self.hkv, self.d)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        q = self.queries(x, ctx.cos, ctx.sin)
+        k, v = self.keys_values(x, ctx.cos, ctx.sin)
         cache = ctx.cache
         cache.write(layer, ctx.slots, k, v)
         o = verify_attention(
