@@ -1,0 +1,407 @@
+"""Confidence calibration: recorder metrics and Sequential Temperature Scaling (DSpark §3.2.1, brief §4 and §6).
+
+Data (from ``speculative_generate(..., record_traces=True)``, n rounds, verify length gamma):
+    conf_logits   [n, gamma] float   raw confidence logits z_k, k = 1..gamma; c_k = sigmoid(z_k / T_k) is the
+                                     probability that draft k is accepted given drafts 1..k-1 were accepted
+    accepted      [n] int in [0, gamma]   drafts accepted that round
+    temperatures  [gamma] float > 0  STS temperature per position, applied to the logit (1 = uncalibrated)
+
+Derived, per round and position j = 1..gamma:
+    survival a_j = prod_{i <= j} c_i      (the scheduler's prefix-survival prediction, as ``ops.prefix_survival``)
+    label    y_j = [accepted >= j]        (the realised prefix-acceptance event)
+
+Metrics (DeepSpec's recorder, ``eval/dspark/confidence_head.py``, with an exact AUROC):
+* ECE: 20 equal-width bins over [0, 1], predictions clamped to [1e-8, 1 - 1e-8], bin gaps |mean p - mean y|
+  weighted by bin counts; a prediction of exactly 1 goes to the last bin.
+* AUROC: exact Mann-Whitney statistic with average ranks for tied predictions (a tie between a positive and a
+  negative counts 1/2). It is ``nan`` when the labels are all one class (no pair to rank).
+* Brier: mean (p - y)^2 of the unclamped prediction.
+``cumulative`` metrics score a_j against y_j over all rounds; ``conditional`` metrics score c_j against y_j on the
+rounds with ``accepted >= j - 1`` (where draft j was actually on trial). Empty sets give ``nan`` everywhere.
+
+STS: for k = 1..gamma in order, T_k is the grid temperature minimising the ECE of a_k against y_k with T_1..T_{k-1}
+already fixed. Grid: 2^(i/10), i = -30..30 (61 values, 0.125..8, including 1). Ties (ECE within ``1e-12``) go to
+T = 1, then to the smaller |log T|, then to the smaller T. Temperature scaling of one position keeps the ranking of
+the conditional c_k; the ranking of the cumulative a_k can change (it mixes positions with different T).
+
+File: ``calibration.json`` inside the drafter directory::
+
+    {"format": "dspark-sts-v1", "gamma": G, "temperatures": [G positive finite floats],
+     "metrics_before": {...}, "metrics_after": {...}, "meta": {...}}
+
+CLI: ``python -m dspark_kernels.train.calibration --drafter dspark_kernels/assets/drafters/dspark --gamma 15``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CALIBRATION_FILE",
+    "CalibrationMetrics",
+    "PositionMetrics",
+    "auroc",
+    "brier_score",
+    "calibration_metrics",
+    "cumulative_survival",
+    "expected_calibration_error",
+    "fit_sts",
+    "load_temperatures",
+    "save_temperatures",
+    "sts_grid",
+]
+
+CALIBRATION_FILE = "calibration.json"
+FORMAT = "dspark-sts-v1"
+ECE_BINS = 20
+CLAMP_EPS = 1e-8
+TIE_TOL = 1e-12
+
+
+# ------------------------------------------------------------------------------------------------- scalar metrics
+def _as_1d(name: str, x) -> np.ndarray:
+    """Any array-like / tensor -> float64 ``[n]``."""
+    arr = np.asarray(x.detach().cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    return arr
+
+
+def expected_calibration_error(pred, label, bins: int = ECE_BINS) -> float:
+    """ECE of predictions ``pred [n]`` in [0, 1] against 0/1 ``label [n]``: equal-width bins, count-weighted.
+
+    Predictions are clamped to [1e-8, 1 - 1e-8]; bin b holds p in [b/bins, (b+1)/bins). ``nan`` when n = 0.
+    """
+    p = np.clip(_as_1d("pred", pred), CLAMP_EPS, 1.0 - CLAMP_EPS)
+    y = _as_1d("label", label)
+    if p.size == 0:
+        return float("nan")
+    idx = np.minimum((p * bins).astype(np.int64), bins - 1)
+    count = np.bincount(idx, minlength=bins)
+    gap = np.abs(np.bincount(idx, weights=p, minlength=bins) - np.bincount(idx, weights=y, minlength=bins))
+    # sum_b (n_b / n) * |mean_b(p) - mean_b(y)| = sum_b |sum_b(p) - sum_b(y)| / n
+    return float(gap.sum() / count.sum())
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x [n]``, tied values sharing the mean of their ranks."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    ends = np.r_[starts[1:], xs.size]  # group g spans sorted slots [starts[g], ends[g])
+    group_rank = (starts + 1 + ends) / 2.0  # mean of the 1-based ranks starts+1 .. ends
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = np.repeat(group_rank, ends - starts)
+    return ranks
+
+
+def auroc(pred, label) -> float:
+    """Exact AUROC of scores ``pred [n]`` for 0/1 ``label [n]`` (Mann-Whitney U / (n_pos n_neg), ties = 1/2).
+
+    ``nan`` when the labels are all one class (or n = 0): no positive/negative pair exists.
+    """
+    p, y = _as_1d("pred", pred), _as_1d("label", label) > 0.5
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    rank_sum = _average_ranks(p)[y].sum()
+    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def brier_score(pred, label) -> float:
+    """Mean squared error of ``pred [n]`` against 0/1 ``label [n]``; ``nan`` when n = 0."""
+    p, y = _as_1d("pred", pred), _as_1d("label", label)
+    return float(np.mean((p - y) ** 2)) if p.size else float("nan")
+
+
+# ------------------------------------------------------------------------------------------ per-position metrics
+@dataclass
+class PositionMetrics:
+    """Metrics of one position j (1-based) over ``n`` scored rounds, ``positives`` of them with label 1."""
+
+    position: int
+    n: int
+    positives: int
+    mean_pred: float
+    mean_label: float
+    ece: float
+    auroc: float
+    brier: float
+
+    @classmethod
+    def of(cls, position: int, pred: np.ndarray, label: np.ndarray, bins: int = ECE_BINS) -> PositionMetrics:
+        """Score ``pred [m]`` against ``label [m]`` (m may be 0: everything but the counts is ``nan``)."""
+        n = int(pred.size)
+        return cls(
+            position=position, n=n, positives=int(label.sum()),
+            mean_pred=float(pred.mean()) if n else float("nan"),
+            mean_label=float(label.mean()) if n else float("nan"),
+            ece=expected_calibration_error(pred, label, bins), auroc=auroc(pred, label),
+            brier=brier_score(pred, label),
+        )
+
+
+@dataclass
+class CalibrationMetrics:
+    """``cumulative[j-1]``: a_j vs y_j over all rounds; ``conditional[j-1]``: c_j vs y_j where accepted >= j-1."""
+
+    cumulative: list[PositionMetrics]
+    conditional: list[PositionMetrics]
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict; ``nan`` becomes ``None``."""
+        return {kind: [{k: _json_float(v) for k, v in asdict(m).items()} for m in getattr(self, kind)]
+                for kind in ("cumulative", "conditional")}
+
+    def mean_ece(self) -> float:
+        """Mean cumulative ECE over the positions that have data."""
+        vals = [m.ece for m in self.cumulative if not math.isnan(m.ece)]
+        return float(np.mean(vals)) if vals else float("nan")
+
+
+def _json_float(v):
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _check_logits(conf_logits) -> np.ndarray:
+    """Validate and convert ``conf_logits [n, gamma]`` (gamma >= 1, finite) to float64."""
+    z = np.asarray(conf_logits.detach().cpu() if isinstance(conf_logits, torch.Tensor) else conf_logits,
+                   dtype=np.float64)
+    if z.ndim != 2 or z.shape[1] < 1:
+        raise ValueError(f"conf_logits must be [rounds, gamma] with gamma >= 1, got shape {z.shape}")
+    if not np.isfinite(z).all():
+        raise ValueError("conf_logits must be finite")
+    return z
+
+
+def _check_traces(conf_logits, accepted) -> tuple[np.ndarray, np.ndarray]:
+    """Validate and convert: ``conf_logits [n, gamma]`` float64 finite, ``accepted [n]`` int64 in [0, gamma]."""
+    z = _check_logits(conf_logits)
+    acc = np.asarray(accepted.detach().cpu() if isinstance(accepted, torch.Tensor) else accepted)
+    if acc.shape != (z.shape[0],):
+        raise ValueError(f"accepted must be [rounds] = [{z.shape[0]}], got shape {acc.shape}")
+    if acc.size and (not np.array_equal(acc, np.round(acc)) or acc.min() < 0 or acc.max() > z.shape[1]):
+        raise ValueError(f"accepted must hold integers in [0, gamma = {z.shape[1]}]")
+    return z, acc.astype(np.int64)
+
+
+def _check_temps(temps, gamma: int) -> np.ndarray:
+    """``None`` -> ones; otherwise ``[gamma]`` positive finite float64."""
+    if temps is None:
+        return np.ones(gamma)
+    t = _as_1d("temperatures", temps)
+    if t.size != gamma or not np.isfinite(t).all() or (t <= 0).any():
+        raise ValueError(f"temperatures must be {gamma} positive finite values, got {t.tolist()}")
+    return t
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    """Overflow-free logistic in float64."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def cumulative_survival(conf_logits, temperatures=None) -> np.ndarray:
+    """Prefix survival ``a [n, gamma]`` float64: a[:, j-1] = prod_{i <= j} sigmoid(z_i / T_i)."""
+    z = _check_logits(conf_logits)
+    return np.cumprod(_sigmoid(z / _check_temps(temperatures, z.shape[1])), axis=1)
+
+
+def calibration_metrics(conf_logits, accepted, temperatures=None, bins: int = ECE_BINS) -> CalibrationMetrics:
+    """Per-position cumulative and conditional metrics of traces ``conf_logits [n, gamma]``, ``accepted [n]``
+    under ``temperatures [gamma]`` (None = raw head)."""
+    z, acc = _check_traces(conf_logits, accepted)
+    t = _check_temps(temperatures, z.shape[1])
+    c = _sigmoid(z / t)
+    a = np.cumprod(c, axis=1)
+    cum, cond = [], []
+    for j in range(1, z.shape[1] + 1):
+        y = (acc >= j).astype(np.float64)
+        on_trial = acc >= j - 1
+        cum.append(PositionMetrics.of(j, a[:, j - 1], y, bins))
+        cond.append(PositionMetrics.of(j, c[on_trial, j - 1], y[on_trial], bins))
+    return CalibrationMetrics(cum, cond)
+
+
+# ----------------------------------------------------------------------------------------------------------- STS
+def sts_grid() -> np.ndarray:
+    """The 61 grid temperatures ``2^(i/10)``, i = -30..30, ascending ``[61]`` float64 (index 30 is exactly 1)."""
+    return np.exp2(np.arange(-30, 31) / 10.0)
+
+
+def _pick_temperature(eces: np.ndarray, grid: np.ndarray) -> int:
+    """Index of the best grid entry: minimal ECE (within ``TIE_TOL``), then T = 1, smaller |log T|, smaller T."""
+    best = np.flatnonzero(eces <= np.nanmin(eces) + TIE_TOL)
+    # |log2 T| rounded so that T and 1/T of the grid tie exactly despite floating point
+    return int(min(best, key=lambda i: (grid[i] != 1.0, round(abs(math.log2(grid[i])), 9), grid[i])))
+
+
+def fit_sts(conf_logits, accepted, grid=None, bins: int = ECE_BINS) -> torch.Tensor:
+    """Sequential Temperature Scaling: temperatures ``[gamma]`` float32 for traces ``conf_logits [n, gamma]``,
+    ``accepted [n]``.
+
+    For k = 1..gamma, T_k = argmin over ``grid`` of ECE(a_k, y_k) with a_k = a_{k-1} * sigmoid(z_k / T_k) and
+    T_1..T_{k-1} fixed (ties: see the module docstring). A position with no rounds keeps T = 1.
+    """
+    z, acc = _check_traces(conf_logits, accepted)
+    grid = sts_grid() if grid is None else _check_temps(grid, np.size(grid))
+    a_prev = np.ones(z.shape[0])
+    temps = np.ones(z.shape[1])
+    for k in range(z.shape[1]):
+        if z.shape[0] == 0:
+            break
+        y = (acc >= k + 1).astype(np.float64)
+        eces = np.array([expected_calibration_error(a_prev * _sigmoid(z[:, k] / t), y, bins) for t in grid])
+        temps[k] = grid[_pick_temperature(eces, grid)]
+        a_prev = a_prev * _sigmoid(z[:, k] / temps[k])
+    return torch.tensor(temps, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------------- file I/O
+def _resolve(path) -> Path:
+    """A drafter directory means its ``calibration.json``; anything else is the file itself."""
+    p = Path(path)
+    return p / CALIBRATION_FILE if p.is_dir() else p
+
+
+def _validated_temps(temps, where: str) -> list[float]:
+    """A non-empty list of positive finite floats (not bools); ``ValueError`` naming ``where`` otherwise."""
+    if isinstance(temps, (torch.Tensor, np.ndarray)):
+        temps = temps.tolist()
+    if not isinstance(temps, (list, tuple)) or not temps:
+        raise ValueError(f"{where}: temperatures must be a non-empty list, got {temps!r}")
+    for i, t in enumerate(temps):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(f"{where}: temperatures[{i}] = {t!r} is not a positive finite number")
+    return [float(t) for t in temps]
+
+
+def _metrics_dict(m) -> dict | None:
+    return m.to_dict() if isinstance(m, CalibrationMetrics) else m
+
+
+def save_temperatures(path, temps, metrics_before=None, metrics_after=None, meta: dict | None = None) -> Path:
+    """Write ``temps [gamma]`` (+ metric tables and settings) as strict JSON; ``path`` is a drafter directory or a
+    file. Returns the file written."""
+    out = _resolve(path)
+    values = _validated_temps(temps, str(out))
+    doc = {"format": FORMAT, "gamma": len(values), "temperatures": values,
+           "metrics_before": _metrics_dict(metrics_before), "metrics_after": _metrics_dict(metrics_after),
+           "meta": meta or {}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return out
+
+
+def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
+    """Read the STS temperatures ``[gamma]`` float32 (the ``position_temperatures`` of ``ops.prefix_survival``).
+
+    ``path``: a drafter directory or the file. Raises ``FileNotFoundError`` when missing and ``ValueError`` on
+    malformed JSON, a wrong format tag, a length that disagrees with the stored (or the requested) ``gamma``, or a
+    temperature that is not a positive finite number.
+    """
+    src = _resolve(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"calibration file missing: {src} (run python -m dspark_kernels.train.calibration)")
+    try:
+        doc = json.loads(src.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{src}: not valid JSON ({e})") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"{src}: not a calibration file (expected a JSON object with format {FORMAT!r})")
+    stored = doc.get("gamma")
+    if isinstance(stored, bool) or not isinstance(stored, int) or stored < 1:
+        raise ValueError(f"{src}: gamma must be an int >= 1, got {stored!r}")
+    values = _validated_temps(doc.get("temperatures"), str(src))
+    if len(values) != stored:
+        raise ValueError(f"{src}: {len(values)} temperatures but gamma = {stored}")
+    if gamma is not None and gamma != stored:
+        raise ValueError(f"{src}: calibrated for gamma = {stored}, requested gamma = {gamma}")
+    return torch.tensor(values, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+def split_by_request(trace_request, num_requests: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Boolean masks ``[rounds]`` (fit, eval): a seeded half of the requests fits, the other half evaluates."""
+    req = np.asarray(trace_request.cpu() if isinstance(trace_request, torch.Tensor) else trace_request)
+    perm = np.random.default_rng(seed).permutation(num_requests)
+    fit_req = np.zeros(num_requests, dtype=bool)
+    fit_req[perm[: num_requests // 2]] = True
+    fit = fit_req[req]
+    return fit, ~fit
+
+
+def format_table(before: CalibrationMetrics, after: CalibrationMetrics, kind: str = "cumulative") -> str:
+    """Text table, one row per position: n, label rate, ECE / AUROC / Brier before -> after."""
+    rows = [f"{kind:11s}     n  rate  ECE before  ECE after  AUROC bef  AUROC aft  Brier bef  Brier aft"]
+    for b, a in zip(getattr(before, kind), getattr(after, kind)):
+        rows.append(f"  pos {b.position:2d}  {b.n:7d} {b.mean_label:5.3f}  {b.ece:10.4f} {a.ece:10.4f} "
+                    f"{b.auroc:10.4f} {a.auroc:10.4f} {b.brier:10.4f} {a.brier:10.4f}")
+    return "\n".join(rows)
+
+
+def _collect_traces(args: argparse.Namespace):
+    """Run speculative decoding on the held-out prompts; returns (SpecResult, number of prompts)."""
+    from ..engine.speculative import speculative_generate
+    from ..models import load_model
+    from ..models.drafter_api import load_drafter
+    from .rollouts import load_rollouts
+    from .tokenizer import EOS_ID
+
+    target = load_model(args.model, device=args.device)
+    drafter = load_drafter(args.drafter, target)
+    prompts = load_rollouts(args.rollouts, "heldout").prompts[: args.num_prompts]
+    res = speculative_generate(target, drafter, prompts, args.max_new_tokens, args.gamma,
+                               temperature=args.temperature, seeds=list(range(len(prompts))),
+                               eos_token_id=EOS_ID, record_traces=True)
+    if "confidence_logits" not in res.extra:
+        raise SystemExit(f"{args.drafter}: this drafter has no confidence head (no traces recorded)")
+    return res, len(prompts)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Collect traces, fit STS on the fit half, score the eval half before/after; write ``calibration.json``."""
+    res, n_prompts = _collect_traces(args)
+    z, acc = res.extra["confidence_logits"].numpy(), res.extra["accepted"].numpy()
+    fit, ev = split_by_request(res.extra["trace_request"], n_prompts, args.seed)
+    temps = fit_sts(z[fit], acc[fit], bins=args.bins)
+    before = calibration_metrics(z[ev], acc[ev], None, args.bins)
+    after = calibration_metrics(z[ev], acc[ev], temps, args.bins)
+    meta = {"model": str(args.model), "drafter": str(args.drafter), "rollouts": str(args.rollouts),
+            "split": "heldout", "gamma": args.gamma, "temperature": args.temperature, "num_prompts": n_prompts,
+            "max_new_tokens": args.max_new_tokens, "seed": args.seed, "bins": args.bins,
+            "grid": "2^(i/10), i=-30..30", "fit_rounds": int(fit.sum()), "eval_rounds": int(ev.sum()),
+            "tau": res.tau, "device": str(args.device)}
+    out = save_temperatures(args.drafter, temps, before, after, meta)
+    print(f"rounds: fit {int(fit.sum())}, eval {int(ev.sum())}; tau = {res.tau:.3f}")
+    print("temperatures:", " ".join(f"{t:.3f}" for t in temps.tolist()))
+    print(format_table(before, after, "cumulative"))
+    print(format_table(before, after, "conditional"))
+    print(f"mean cumulative ECE (eval): {before.mean_ece():.4f} -> {after.mean_ece():.4f}; wrote {out}")
+    return {"temperatures": temps.tolist(), "before": before, "after": after, "meta": meta}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--drafter", type=Path, default=Path("dspark_kernels/assets/drafters/dspark"))
+    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
+    p.add_argument("--gamma", type=int, default=15)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--bins", type=int, default=ECE_BINS)
+    p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
