@@ -26,7 +26,6 @@ Training (:meth:`BlockDrafter.forward_train`) packs many anchors of one sequence
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from torch import nn
 
 from ..ops import draft_block_attention, sequential_head
 from .config import ModelConfig
-from .drafter_api import DraftOutput
+from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .kv_cache import PagedKVCache
 from .sequential_head import SequentialHead
 from .transformer import CausalLM, DecoderLayer, RMSNorm
@@ -284,35 +283,12 @@ class BlockDrafter(nn.Module):
     def save(self, out_dir: str | Path) -> None:
         """``drafter_config.json`` + ``model.safetensors`` (trainable weights only; embedding/LM head are the
         target's)."""
-        from safetensors.torch import save_file
-
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        cfg = dataclasses.asdict(self.config)
-        (out / "drafter_config.json").write_text(json.dumps({"drafter_type": "block", **cfg}, indent=1) + "\n")
-        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(out / "model.safetensors"))
+        save_drafter(self, dataclasses.asdict(self.config), "block", out_dir)
 
 
 def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32) -> BlockDrafter:
     """Load a drafter directory written by :meth:`BlockDrafter.save` for ``target``; clear errors on mismatch."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    cfg_file, weights = path / "drafter_config.json", path / "model.safetensors"
-    for f in (cfg_file, weights):
-        if not f.exists():
-            raise FileNotFoundError(f"drafter checkpoint file missing: {f}")
-    raw = json.loads(cfg_file.read_text())
-    if raw.pop("drafter_type", None) != "block":
-        raise ValueError(f"{cfg_file}: drafter_type must be 'block'")
+    raw = read_drafter_config(path, "block")
+    del raw["drafter_type"]
     raw["feature_layers"] = tuple(raw["feature_layers"])
-    drafter = BlockDrafter(DrafterConfig(**raw), target)
-    try:
-        state = load_file(str(weights))
-    except Exception as e:  # safetensors raises several types for truncated/corrupt files
-        raise ValueError(f"cannot read drafter weights {weights}: {e}") from e
-    missing = set(drafter.state_dict()) - set(state)
-    if missing:
-        raise ValueError(f"drafter weights {weights} miss tensors: {sorted(missing)[:5]}")
-    drafter.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    return drafter.to(dtype=dtype, device=target.device).eval().requires_grad_(False)
+    return load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
-__all__ = ["DraftOutput", "Drafter", "load_drafter"]
+__all__ = ["DraftOutput", "Drafter", "load_drafter", "read_drafter_config", "load_drafter_weights", "save_drafter"]
 
 
 @dataclass
@@ -46,15 +48,51 @@ class Drafter(Protocol):
               impl: str | None = None) -> DraftOutput: ...
 
 
+def save_drafter(module: torch.nn.Module, config: dict, drafter_type: str, out_dir: str | Path) -> None:
+    """Write ``drafter_config.json`` (``{"drafter_type": ..., **config}``) and ``model.safetensors`` (the module's own
+    weights: the frozen target embedding and LM head are not part of it)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "drafter_config.json").write_text(json.dumps({"drafter_type": drafter_type, **config}, indent=1) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in module.state_dict().items()}, str(out / "model.safetensors"))
+
+
+def read_drafter_config(path: str | Path, drafter_type: str | None = None) -> dict:
+    """The config dict of a drafter directory (``drafter_type`` removed); checks both files exist and the type."""
+    cfg_file, weights = Path(path) / "drafter_config.json", Path(path) / "model.safetensors"
+    for f in (cfg_file, weights):
+        if not f.exists():
+            raise FileNotFoundError(f"drafter checkpoint file missing: {f}")
+    raw = json.loads(cfg_file.read_text())
+    kind = raw.pop("drafter_type", None)
+    if drafter_type is not None and kind != drafter_type:
+        raise ValueError(f"{cfg_file}: drafter_type must be {drafter_type!r}, got {kind!r}")
+    raw["drafter_type"] = kind
+    return raw
+
+
+def load_drafter_weights(module: torch.nn.Module, path: str | Path, target, dtype: torch.dtype) -> torch.nn.Module:
+    """Fill ``module`` from ``path/model.safetensors`` (clear errors for unreadable files and missing tensors) and
+    return it in eval mode on the target's device."""
+    from safetensors.torch import load_file
+
+    weights = Path(path) / "model.safetensors"
+    try:
+        state = load_file(str(weights))
+    except Exception as e:  # safetensors raises several types for truncated/corrupt files
+        raise ValueError(f"cannot read drafter weights {weights}: {e}") from e
+    missing = set(module.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"drafter weights {weights} miss tensors: {sorted(missing)[:5]}")
+    module.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+    return module.to(dtype=dtype, device=target.device).eval().requires_grad_(False)
+
+
 def load_drafter(path, target, dtype: torch.dtype = torch.float32) -> Drafter:
     """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``."""
-    import json
-    from pathlib import Path
-
-    cfg_file = Path(path) / "drafter_config.json"
-    if not cfg_file.exists():
-        raise FileNotFoundError(f"drafter checkpoint file missing: {cfg_file}")
-    kind = json.loads(cfg_file.read_text()).get("drafter_type")
+    kind = read_drafter_config(path)["drafter_type"]
     if kind == "block":
         from .drafter import load_block_drafter
 
@@ -63,4 +101,4 @@ def load_drafter(path, target, dtype: torch.dtype = torch.float32) -> Drafter:
         from .chain_drafter import load_chain_drafter
 
         return load_chain_drafter(path, target, dtype)
-    raise ValueError(f"{cfg_file}: unknown drafter_type {kind!r} (expected 'block' or 'chain')")
+    raise ValueError(f"{path}/drafter_config.json: unknown drafter_type {kind!r} (expected 'block' or 'chain')")
