@@ -18,6 +18,8 @@ Metrics (DeepSpec's recorder, ``eval/dspark/confidence_head.py``, with an exact 
 * Brier: mean (p - y)^2 of the unclamped prediction.
 ``cumulative`` metrics score a_j against y_j over all rounds; ``conditional`` metrics score c_j against y_j on the
 rounds with ``accepted >= j - 1`` (where draft j was actually on trial). Empty sets give ``nan`` everywhere.
+Unlike DeepSpec's recorder, positions after an accepted EOS are not dropped: ``accepted`` is the verifier's count,
+which does not look at EOS (a small effect at the end of each request).
 
 STS: for k = 1..gamma in order, T_k is the grid temperature minimising the ECE of a_k against y_k with T_1..T_{k-1}
 already fixed. Grid: 2^(i/10), i = -30..30 (61 values, 0.125..8, including 1). Ties (ECE within ``1e-12``) go to
@@ -53,8 +55,10 @@ __all__ = [
     "cumulative_survival",
     "expected_calibration_error",
     "fit_sts",
+    "format_table",
     "load_temperatures",
     "save_temperatures",
+    "split_by_request",
     "sts_grid",
 ]
 
