@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +32,8 @@ import torch.nn.functional as F
 
 from ..models import CausalLM, load_model
 from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
-from .drafter import lr_at
 from .drafter_data import target_outputs
+from .loop import run_training
 from .rollouts import Rollouts, load_rollouts
 
 DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
@@ -103,8 +102,6 @@ def chain_loss(drafter: ChainDrafter, batch: ChainBatch, steps: int, weights: tu
 
 
 def train(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
@@ -113,45 +110,15 @@ def train(args: argparse.Namespace) -> dict:
     cfg = ChainDrafterConfig(feature_layer=args.feature_layer, vocab_size=target.config.vocab_size,
                              hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name)
     drafter = ChainDrafter(cfg, target)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
-    if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        step = ckpt["step"]
-        rng.setstate(ckpt["rng"])
-    log = open(work / "log.jsonl", "a")
     order = list(range(len(rollouts)))
-    bar = tqdm(total=args.steps, initial=step, desc=args.name, dynamic_ncols=True)
-    while step < args.steps:
-        idx = rng.sample(order, min(args.batch_size, len(order)))
-        batch = make_chain_batch(target, rollouts, idx, drafter.config.feature_layer)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
+
+    def loss_fn():
+        batch = make_chain_batch(target, rollouts, rng.sample(order, min(args.batch_size, len(order))),
+                                 drafter.config.feature_layer)
         parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight), positions=args.positions)
-        opt.zero_grad(set_to_none=True)
-        parts.total.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{parts.total.item():.3f}", ce=f"{parts.ce:.2f}", l1=f"{parts.l1:.2f}")
-        log.write(json.dumps({"step": step, "loss": parts.total.item(), "ce": parts.ce, "l1": parts.l1,
-                              "l1_by_step": parts.per_step_l1}) + "\n")
-        log.flush()
-        if step % args.ckpt_every == 0 or step == args.steps:
-            torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate()},
-                       ckpt_path)
-    bar.close()
-    log.close()
-    drafter.to(torch.bfloat16).save(args.out)
-    summary = {"name": args.name, "steps": step, "minutes": (time.time() - start) / 60,
-               "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
-    (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    return summary
+        return parts.total, {"ce": parts.ce, "l1": parts.l1, "l1_by_step": parts.per_step_l1}
+
+    return run_training(drafter, args, rng, loss_fn)
 
 
 def build_parser() -> argparse.ArgumentParser:

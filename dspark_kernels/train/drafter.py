@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +31,7 @@ import torch.nn.functional as F
 from ..models import load_model
 from ..models.drafter import BlockDrafter, DrafterConfig
 from .drafter_data import DrafterBatch, make_batch
+from .loop import run_training
 from .rollouts import load_rollouts
 from .tokenizer import MASK_ID
 
@@ -72,16 +71,7 @@ def drafter_loss(drafter: BlockDrafter, batch: DrafterBatch, gamma: int, weights
         return LossParts(total, float((w * ce).sum() / denom), float((w * l1).sum() / denom), float(conf_loss))
 
 
-def lr_at(step: int, max_steps: int, lr: float) -> float:
-    warmup = max(1, int(0.04 * max_steps))
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, max_steps - warmup))))
-
-
 def train(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
@@ -93,45 +83,15 @@ def train(args: argparse.Namespace) -> dict:
         confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
     )
     drafter = BlockDrafter(cfg, target)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
-    if args.resume and ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        step = ckpt["step"]
-        rng.setstate(ckpt["rng"])
-    log = open(work / "log.jsonl", "a")
-    order = list(range(len(rollouts)))
-    bar = tqdm(total=args.steps, initial=step, desc=args.name, dynamic_ncols=True)
-    while step < args.steps:
+
+    def loss_fn():
         gamma = rng.choice(args.gammas)
-        idx = rng.sample(order, args.batch_size)
-        batch = make_batch(target, rollouts, idx, cfg.feature_layers, gamma, args.anchors, rng)
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr)
+        batch = make_batch(target, rollouts, rng.sample(range(len(rollouts)), args.batch_size), cfg.feature_layers,
+                           gamma, args.anchors, rng)
         parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss])
-        opt.zero_grad(set_to_none=True)
-        parts.total.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        step += 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{parts.total.item():.3f}", ce=f"{parts.ce:.2f}", l1=f"{parts.l1:.2f}")
-        log.write(json.dumps({"step": step, "gamma": gamma, "loss": parts.total.item(), "ce": parts.ce,
-                              "l1": parts.l1, "conf": parts.conf}) + "\n")
-        log.flush()
-        if step % args.ckpt_every == 0 or step == args.steps:
-            torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "rng": rng.getstate()},
-                       ckpt_path)
-    bar.close()
-    drafter.to(torch.bfloat16).save(args.out)
-    summary = {"name": args.name, "steps": step, "minutes": (time.time() - start) / 60,
-               "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
-    (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    return summary
+        return parts.total, {"gamma": gamma, "ce": parts.ce, "l1": parts.l1, "conf": parts.conf}
+
+    return run_training(drafter, args, rng, loss_fn)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,66 @@
+"""The optimisation loop shared by the drafter trainers: AdamW, warmup + cosine, clipping, resume, logs, saving."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def lr_at(step: int, max_steps: int, lr: float) -> float:
+    """Linear warmup over the first 4% of the steps, then cosine decay to 0."""
+    warmup = max(1, int(0.04 * max_steps))
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, max_steps - warmup))))
+
+
+def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random.Random,
+                 loss_fn: Callable[[], tuple[torch.Tensor, dict]]) -> dict:
+    """Minimise ``loss_fn()`` (a fresh batch each call; returns the loss and the values to log) for ``args.steps``.
+
+    Uses ``args``: ``lr``, ``steps``, ``work_dir`` (``checkpoint.pt``, ``log.jsonl``), ``resume``, ``ckpt_every``,
+    ``name`` and ``out`` (the drafter is saved there in bfloat16 with ``train_summary.json``). AdamW with weight decay
+    0, gradient clipping at 1.0; the checkpoint holds the model, the optimiser, the step and ``rng``'s state.
+    """
+    from tqdm import tqdm
+
+    opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
+    if args.resume and ckpt_path.exists():
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        drafter.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        step = ckpt["step"]
+        rng.setstate(ckpt["rng"])
+    with open(work / "log.jsonl", "a") as log, tqdm(total=args.steps, initial=step, desc=args.name,
+                                                    dynamic_ncols=True) as bar:
+        while step < args.steps:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step, args.steps, args.lr)
+            loss, values = loss_fn()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            log.write(json.dumps({"step": step, "loss": loss.item(), **values}) + "\n")
+            log.flush()
+            if step % args.ckpt_every == 0 or step == args.steps:
+                torch.save({"model": drafter.state_dict(), "opt": opt.state_dict(), "step": step,
+                            "rng": rng.getstate()}, ckpt_path)
+    drafter.to(torch.bfloat16).save(args.out)
+    summary = {"name": args.name, "steps": step, "minutes": (time.time() - start) / 60,
+               "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
+    (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    return summary

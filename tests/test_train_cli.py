@@ -1,0 +1,52 @@
+"""The drafter trainers' CLIs end to end on a tiny target: train, checkpoint, resume, save, load."""
+
+import json
+import random
+
+import pytest
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import load_model
+from dspark_kernels.models.drafter_api import load_drafter
+from dspark_kernels.train import chain_drafter as chain_cli
+from dspark_kernels.train import drafter as block_cli
+from dspark_kernels.train.rollouts import Rollouts, save_rollouts
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("cli")
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    Qwen3ForCausalLM(cfg).save_pretrained(root / "target")
+    rng = random.Random(0)
+    ro = Rollouts([[1, rng.randrange(4, 64)] for _ in range(6)],
+                  [[rng.randrange(4, 64) for _ in range(30)] for _ in range(6)], [1.0] * 6, [0] * 6)
+    save_rollouts(ro, root / "rollouts", "train")
+    return root
+
+
+@pytest.mark.parametrize("name,cli,extra", [
+    ("dspark", block_cli, ["--rank", "8", "--gammas", "3", "5", "--anchors", "4", "--feature-layers", "0", "2"]),
+    ("dflash", block_cli, ["--loss", "dflash", "--rank", "0", "--gammas", "3", "--anchors", "4",
+                           "--feature-layers", "1"]),
+    ("eagle", chain_cli, ["--steps-unroll", "2"]),
+    ("mtp1", chain_cli, []),
+])
+def test_train_resume_save_load(setup, name, cli, extra):
+    common = ["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
+              "--work-dir", str(setup / "runs" / name), "--out", str(setup / "out" / name), "--batch-size", "2",
+              "--ckpt-every", "1", *extra]
+    cli.main(common + ["--steps", "2"])
+    cli.main(common + ["--steps", "3", "--resume"])
+    log = [json.loads(line) for line in (setup / "runs" / name / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]  # resumed at step 2, did one more
+    summary = json.loads((setup / "out" / name / "train_summary.json").read_text())
+    assert summary["steps"] == 3
+    target = load_model(setup / "target")
+    drafter = load_drafter(setup / "out" / name, target)
+    res = speculative_generate(target, drafter, [[1, 5, 6]], 6, 1 if name == "mtp1" else 3)
+    assert len(res.tokens[0]) == 6
