@@ -43,6 +43,8 @@ def _run(benchmark, device, r, impl):
         flops=n * math.log2(max(n, 2)),
         impl=impl,
     )
+    if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
+        return
     median = benchmark.stats.stats.median
     target_step = 1.0 / float(sps[-1])
     benchmark.extra_info.update(

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Rebuild every shipped demo asset from scratch on a CPU machine (no network): corpus, tokenizer, target, model card,
+# rollouts, the five drafters, calibration, and the acceptance benchmark. Each step is resumable on its own; the
+# commands are the ones the model card quotes. Set STEPS_TARGET / STEPS_DRAFTER / N_ROLLOUTS to trade time for quality.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS_TARGET=${STEPS_TARGET:-1400}
+STEPS_DRAFTER=${STEPS_DRAFTER:-300}
+N_ROLLOUTS=${N_ROLLOUTS:-1024}
+A=dspark_kernels/assets
+
+python -m dspark_kernels.train.corpus --out data/corpus
+python -m dspark_kernels.train.tokenizer --corpus data/corpus --out $A/target
+python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/target_run --out $A/target \
+    --max-steps "$STEPS_TARGET" --resume
+python -m dspark_kernels.train.model_card --model $A/target --corpus data/corpus
+python -m dspark_kernels.train.rollouts --model $A/target --split train --num-prompts "$N_ROLLOUTS"
+python -m dspark_kernels.train.rollouts --model $A/target --split heldout --num-prompts 256
+
+train_block() {  # name, extra args
+    local name=$1; shift
+    python -m dspark_kernels.train.drafter --name "$name" --steps "$STEPS_DRAFTER" --out $A/drafters/"$name" --resume "$@"
+}
+train_chain() {
+    local name=$1; shift
+    python -m dspark_kernels.train.chain_drafter --name "$name" --steps "$STEPS_DRAFTER" --out $A/drafters/"$name" \
+        --resume "$@"
+}
+train_block dspark --head vanilla --rank 64
+train_block dflash --loss dflash --rank 0
+train_block dspark_rnn --head rnn --rank 64
+train_chain eagle
+train_chain mtp1
+for d in dspark dspark_rnn; do
+    python -m dspark_kernels.train.calibration --model $A/target --drafter $A/drafters/$d --rollouts data/rollouts
+done
+python -m dspark_kernels.bench acceptance --json results/acceptance.json
