@@ -27,13 +27,9 @@ import torch
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
 from ..models.generate import _per_request
-from ..noise import uniform_noise
-from ..ops import rejection_sample
-from ..ops.rejection_sample import rejection_noise
+from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
 
 __all__ = ["SpecResult", "speculative_generate"]
-
-DRAFT_NOISE_STREAM = 7
 
 
 @dataclass
@@ -76,27 +72,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Requests:
-    """Per-request sampling parameters as device tensors, indexed by the live set."""
-
-    def __init__(self, n, temperature, top_k, top_p, seeds, device):
-        self.temperature = torch.tensor(_per_request("temperature", temperature, n, float), dtype=torch.float32)
-        self.top_k = torch.tensor(_per_request("top_k", top_k, n, int), dtype=torch.int32)
-        self.top_p = torch.tensor(_per_request("top_p", top_p, n, float), dtype=torch.float32)
-        if bool((self.temperature < 0).any()) or bool((self.top_k < 0).any()) or not bool(
-                ((self.top_p > 0) & (self.top_p <= 1)).all()):
-            raise ValueError("need temperature >= 0, top_k >= 0 and 0 < top_p <= 1 for every request")
-        seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else seeds
-        self.seeds = torch.tensor(_per_request("seeds", seeds, n, int), dtype=torch.int64)
-        self.greedy = bool((self.temperature == 0).all())
-        self.device = device
-
-    def take(self, live: list[int]):
-        idx = torch.tensor(live, dtype=torch.long)
-        d = self.device
-        return (self.temperature[idx].to(d), self.top_k[idx].to(d), self.top_p[idx].to(d), self.seeds[idx].to(d))
-
-
 def speculative_generate(
     target: CausalLM,
     drafter: Drafter,
@@ -126,7 +101,16 @@ def speculative_generate(
     if any(not p for p in prompts):
         raise ValueError("every prompt must hold at least one token")
     n, dev = len(prompts), target.device
-    reqs = _Requests(n, temperature, top_k, top_p, seeds, dev)
+    temps, top_ks = _per_request("temperature", temperature, n, float), _per_request("top_k", top_k, n, int)
+    top_ps = _per_request("top_p", top_p, n, float)
+    for t, k, p in zip(temps, top_ks, top_ps):
+        check_sampling(t, k, p)
+    seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else _per_request("seeds", seeds, n, int)
+
+    def sampling(live: list[int]) -> Sampling:
+        return Sampling.of([temps[i] for i in live], [top_ks[i] for i in live], [top_ps[i] for i in live],
+                           [seeds[i] for i in live], [rounds[i] for i in live], dev)
+
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     hist = torch.zeros(gamma + 1, dtype=torch.int64, device=dev)
@@ -140,75 +124,41 @@ def speculative_generate(
     for i in range(n):
         tcache.add_request(i)
         drafter.add_request(dstate, i)
-    layers = tuple(drafter.feature_layers)
 
-    def features_of(hidden: dict) -> torch.Tensor:
-        return torch.cat([hidden[layer] for layer in layers], dim=-1)
-
-    # prefill: every prompt at once; its last logits give the first token (the first anchor)
+    # prefill: every prompt at once; its last logits give the first token (the first anchor), noise round 0
     live = list(range(n))
-    lens = [len(p) for p in prompts]
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-    ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
-    fwd = target(ids, cu, live, tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
-    drafter.extend(dstate, live, ids, features_of(fwd.hidden_states), cu)
-    temp, tk, tp, seed = reqs.take(live)
-    zero_cu = torch.zeros(n + 1, dtype=torch.int32, device=dev)
-    rounds_done = torch.zeros(n, dtype=torch.int64, device=dev)
-    acc_u, smp_u = (None, None) if reqs.greedy else rejection_noise(seed, rounds_done, zero_cu, 0, max_spec_len=0)
-    first = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, fwd.logits, temp, tk, tp,
-                             acc_u, smp_u, max_spec_len=0, impl=impl, check_inputs=False).output_token_ids[:, 0]
+    rounds = [0] * n
     anchors: dict[int, int] = {}
-    for i, tok in zip(live, first.tolist()):
+    for i, tok in zip(live, prefill(target, drafter, tcache, dstate, live, prompts, sampling(live), impl)):
         out[i].append(tok)
         anchors[i] = tok
+        rounds[i] = 1
     steps, n_rounds, draft_s, verify_s = 1, 0, 0.0, 0.0
-    live = _stream(live, [0] * n, out, on_tokens,
-                   _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
-    rounds = [1] * n  # noise counter per request (round 0 was the prefill draw)
+    live = _stream(live, [0] * n, out, on_tokens, _still_live(live, out, reasons, eos_token_id, max_new_tokens,
+                                                               tcache, drafter, dstate))
     traces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     while live:
         r = len(live)
         before = [len(out[i]) for i in range(n)] if on_tokens else []
-        temp, tk, tp, seed = reqs.take(live)
-        offs = torch.tensor([rounds[i] for i in live], dtype=torch.int64, device=dev)
+        samp = sampling(live)
         anchor_t = torch.tensor([anchors[i] for i in live], dtype=torch.int64, device=dev)
         td = time.perf_counter()
-        draft_u = None if reqs.greedy else uniform_noise(seed, offs, (gamma,), stream=DRAFT_NOISE_STREAM).reshape(-1)
-        drafted = drafter.draft(dstate, live, anchor_t, gamma, temp, tk, tp, draft_u, impl=impl)
+        drafted = draft(drafter, dstate, live, anchor_t, gamma, samp, impl)
         _sync(dev)
         tv = time.perf_counter()
         draft_s += tv - td
-
-        block = torch.cat([anchor_t[:, None], drafted.tokens.view(r, gamma)], dim=1)  # [R, gamma + 1]
-        cu_v = torch.arange(0, (r + 1) * (gamma + 1), gamma + 1, dtype=torch.int32, device=dev)
-        fwd = target(block.reshape(-1), cu_v, live, tcache, hidden_layers=layers, impl=impl, check_inputs=False)
-        cu_d = torch.arange(0, (r + 1) * gamma, gamma, dtype=torch.int32, device=dev)
-        acc_u, smp_u = (None, None) if reqs.greedy else rejection_noise(seed, offs, cu_d, r * gamma,
-                                                                         max_spec_len=gamma)
-        res = rejection_sample(drafted.tokens, cu_d, None if reqs.greedy else drafted.draft_probs, fwd.logits, temp,
-                               tk, tp, acc_u, smp_u, max_spec_len=gamma, impl=impl, check_inputs=False)
-        hist.index_add_(0, res.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
+        full = torch.full((r,), gamma, dtype=torch.int64, device=dev)
+        rnd = verify_round(target, drafter, tcache, dstate, live, anchor_t, drafted, full, gamma, samp, impl=impl)
+        hist.index_add_(0, rnd.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
         if record_traces and drafted.confidence_logits is not None:
-            traces.append((drafted.confidence_logits.view(r, gamma), res.num_accepted, torch.tensor(live)))
-        n_acc = res.num_accepted.tolist()
-        emitted = res.output_token_ids.tolist()
+            traces.append((drafted.confidence_logits.view(r, gamma), rnd.num_accepted, torch.tensor(live)))
         steps += 1
         n_rounds += r
-
-        keep_cu = [0]
-        for i, a in zip(live, n_acc):
-            tcache.rollback(i, gamma - a)
-            keep_cu.append(keep_cu[-1] + a + 1)
+        for i, tokens in zip(live, rnd.emitted):
+            out[i].extend(tokens)
+            anchors[i] = tokens[-1]
             rounds[i] += 1
-        keep_rows = torch.cat([torch.arange(j * (gamma + 1), j * (gamma + 1) + a + 1, device=dev)
-                               for j, a in enumerate(n_acc)])
-        drafter.extend(dstate, live, block.reshape(-1)[keep_rows], features_of(fwd.hidden_states)[keep_rows],
-                       torch.tensor(keep_cu, dtype=torch.int32, device=dev))
-        for j, (i, a) in enumerate(zip(live, n_acc)):
-            out[i].extend(emitted[j][: a + 1])
-            anchors[i] = emitted[j][a]
         _sync(dev)
         verify_s += time.perf_counter() - tv
         live = _stream(live, before, out, on_tokens,
@@ -237,14 +187,11 @@ def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate) -> li
     """Apply the length cap and EOS (an emitted EOS ends the request, later tokens dropped); free finished ones."""
     still = []
     for i in live:
-        toks = out[i]
-        del toks[max_new:]
-        if eos is not None and eos in toks:
-            del toks[toks.index(eos) + 1:]
-            reasons[i] = "eos"
-        if reasons[i] == "eos" or len(toks) >= max_new:
+        reason = finish_reason(out[i], max_new, eos)
+        if reason is None:
+            still.append(i)
+        else:
+            reasons[i] = reason
             tcache.free(i)
             drafter.free(dstate, i)
-        else:
-            still.append(i)
     return still

@@ -1,0 +1,158 @@
+"""Pieces shared by the fixed-gamma loop (:mod:`.speculative`) and the continuous-batching engine (:mod:`.engine`).
+
+* :class:`Sampling`: per-request sampling parameters and seeds of one batch, as device tensors ``[R]``;
+* :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
+* :func:`draft`: the drafter's ``gamma`` proposals with counter-based uniforms;
+* :func:`verify_round`: one ragged verify of ``[anchor, d_1 .. d_{l_r}]`` per request (``l_r`` in 0..gamma), lossless
+  rejection sampling, rollback of the rejected drafts in the target cache, drafter context grown by the kept tokens;
+* :func:`finish_reason`: the length cap and EOS truncation of a request's emitted tokens.
+
+Randomness is counter-based: round ``t`` of a request with seed ``s`` draws from ``(s, t)`` only, so a request's
+output does not depend on what it is batched with (given its own verify lengths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..models import CausalLM
+from ..models.drafter_api import Drafter, DraftOutput
+from ..noise import uniform_noise
+from ..ops import rejection_sample
+from ..ops.rejection_sample import rejection_noise
+
+DRAFT_NOISE_STREAM = 7
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """``ValueError`` unless ``temperature >= 0``, ``top_k >= 0`` and ``0 < top_p <= 1``."""
+    if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
+        raise ValueError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, {top_p}")
+
+
+@dataclass
+class Sampling:
+    """Sampling parameters of the R requests of one round: ``temperature``/``top_p [R]`` float32, ``top_k [R]``
+    int32, ``seed``/``offset [R]`` int64 (offset = the request's round counter), on the target's device.
+    ``greedy``: every request has temperature 0 (no uniforms and no draft probabilities needed)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    offset: torch.Tensor
+    greedy: bool
+
+    @classmethod
+    def of(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float], seed: Sequence[int],
+           offset: Sequence[int], device: torch.device) -> Sampling:
+        return cls(torch.tensor(temperature, dtype=torch.float32, device=device),
+                   torch.tensor(top_k, dtype=torch.int32, device=device),
+                   torch.tensor(top_p, dtype=torch.float32, device=device),
+                   torch.tensor(seed, dtype=torch.int64, device=device),
+                   torch.tensor(offset, dtype=torch.int64, device=device),
+                   all(t == 0 for t in temperature))
+
+
+def features_of(hidden: dict, layers: Sequence[int]) -> torch.Tensor:
+    """The drafter's input features ``[T, m * hidden]``: the target's hidden states of ``layers``, concatenated."""
+    return torch.cat([hidden[layer] for layer in layers], dim=-1)
+
+
+def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, prompts: Sequence[Sequence[int]],
+            sampling: Sampling, impl: str | None = None) -> list[int]:
+    """Run every prompt through the target in one ragged forward (its cache gets them), give the drafter their
+    features, and sample each request's first token from its last logits row (noise round ``sampling.offset``)."""
+    dev = target.device
+    layers = tuple(drafter.feature_layers)
+    lens = torch.tensor([len(p) for p in prompts])
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(dev, torch.int32)
+    ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
+    fwd = target(ids, cu, list(rids), tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
+    drafter.extend(dstate, list(rids), ids, features_of(fwd.hidden_states, layers), cu)
+    zero_cu = torch.zeros(len(rids) + 1, dtype=torch.int32, device=dev)
+    acc_u, smp_u = (None, None) if sampling.greedy else rejection_noise(sampling.seed, sampling.offset, zero_cu, 0,
+                                                                        max_spec_len=0)
+    res = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, fwd.logits,
+                           sampling.temperature, sampling.top_k, sampling.top_p, acc_u, smp_u, max_spec_len=0,
+                           impl=impl, check_inputs=False)
+    return res.output_token_ids[:, 0].tolist()
+
+
+def draft(drafter: Drafter, dstate, rids: Sequence, anchors: torch.Tensor, gamma: int, sampling: Sampling,
+          impl: str | None = None) -> DraftOutput:
+    """``gamma`` drafts after each anchor ``[R]``; one uniform per draft from ``(seed, offset)`` (stream 7)."""
+    uniforms = None if sampling.greedy else uniform_noise(sampling.seed, sampling.offset, (gamma,),
+                                                          stream=DRAFT_NOISE_STREAM).reshape(-1)
+    return drafter.draft(dstate, list(rids), anchors, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
+                         uniforms, impl=impl)
+
+
+@dataclass
+class RoundOutput:
+    """``num_accepted [R]`` int32 on the device; ``accepted``: the same on the host; ``emitted[r]``: the accepted
+    drafts then the correction/bonus token (``accepted[r] + 1`` tokens)."""
+
+    num_accepted: torch.Tensor
+    accepted: list[int]
+    emitted: list[list[int]]
+
+
+def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, anchors: torch.Tensor,
+                 drafted: DraftOutput, verify_lens: torch.Tensor, gamma: int, sampling: Sampling,
+                 accept_counter: torch.Tensor | None = None, draft_counter: torch.Tensor | None = None,
+                 impl: str | None = None) -> RoundOutput:
+    """Verify ``[anchor_r, d_r1 .. d_r{l_r}]`` of every request in one ragged target forward.
+
+    ``anchors [R]`` int64, ``drafted.tokens [R * gamma]``, ``verify_lens [R]`` int (0..gamma) on the device. Only the
+    verified drafts (and their ``draft_probs`` rows) reach :func:`rejection_sample`; the optional per-position
+    ``accept_counter``/``draft_counter [gamma]`` int64 are accumulated in place. Afterwards the target cache holds
+    the anchor and the accepted drafts of each request and the drafter's context has grown by the same tokens.
+    """
+    dev = anchors.device
+    r = len(rids)
+    lens = verify_lens.to(dev, torch.int64)
+    lens_host = lens.tolist()
+    drafts = drafted.tokens.view(r, gamma)
+    draft_mask = torch.arange(gamma, device=dev)[None, :] < lens[:, None]
+    block = torch.cat([anchors[:, None], drafts], dim=1)
+    block_mask = torch.arange(gamma + 1, device=dev)[None, :] <= lens[:, None]
+    zero = torch.zeros(1, dtype=torch.int64, device=dev)
+    cu_d = torch.cat([zero, lens.cumsum(0)])
+    cu_v = (cu_d + torch.arange(r + 1, device=dev)).to(torch.int32)
+    cu_d = cu_d.to(torch.int32)
+    layers = tuple(drafter.feature_layers)
+    tokens = block[block_mask]
+    fwd = target(tokens, cu_v, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
+    n = sum(lens_host)
+    probs = None
+    acc_u = smp_u = None
+    if not sampling.greedy:
+        probs = drafted.draft_probs.view(r, gamma, -1)[draft_mask]
+        acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, cu_d, n, max_spec_len=gamma)
+    res = rejection_sample(drafts[draft_mask], cu_d, probs, fwd.logits, sampling.temperature, sampling.top_k,
+                           sampling.top_p, acc_u, smp_u, max_spec_len=gamma, accept_counter=accept_counter,
+                           draft_counter=draft_counter, impl=impl, check_inputs=False)
+    accepted = res.num_accepted.tolist()
+    emitted = res.output_token_ids.tolist()
+    starts = [0]
+    for rid, l_r, a in zip(rids, lens_host, accepted):
+        tcache.rollback(rid, l_r - a)
+        starts.append(starts[-1] + l_r + 1)
+    keep = torch.cat([torch.arange(s, s + a + 1, device=dev) for s, a in zip(starts, accepted)])
+    keep_cu = torch.tensor([0] + [a + 1 for a in accepted], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
+    drafter.extend(dstate, list(rids), tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
+    return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)])
+
+
+def finish_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> str | None:
+    """Truncate ``tokens`` in place at the length cap and after the first EOS; return "eos", "length" or None
+    (still running)."""
+    del tokens[max_new_tokens:]
+    if eos_token_id is not None and eos_token_id in tokens:
+        del tokens[tokens.index(eos_token_id) + 1:]
+        return "eos"
+    return "length" if len(tokens) >= max_new_tokens else None

@@ -1,0 +1,296 @@
+"""Continuous-batching speculative engine with a verify-length policy (confidence-scheduled verification).
+
+``Engine.add_request`` queues a request at any time; every ``Engine.step`` runs
+
+1. a prefill forward for the queued requests that fit under ``max_batch`` (one ragged forward; their first token
+   comes from the prefill logits, noise round 0), then
+2. one draft/verify round for every live request, the just-prefilled ones included: the drafter drafts ``gamma``
+   tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
+   requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified
+   drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept tokens.
+
+An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
+and free their target and drafter caches. Randomness is counter-based per request (round t of seed s uses (s, t)),
+so a request's output depends only on its own seed and verify lengths. With a per-request policy (fixed-k,
+threshold) it therefore does not depend on the batch; the load-aware policies (smartspec, dspark, dspark_prod)
+choose ``l_r`` from the whole batch, which changes the realisation but not the output distribution (lossless), and
+at temperature 0 every policy emits the target's greedy tokens.
+
+Metrics stay on the device and are read by :meth:`Engine.metrics` only: per request the accept histogram, verified
+and accepted drafts and rounds; per position the accepted/verified counters of the verifier; the calibration pairs
+(confidence logits of the verified drafts and whether each was accepted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..models import CausalLM
+from ..models.drafter_api import Drafter
+from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
+from .policies import Policy
+from .sps import SPSProfile
+
+__all__ = ["Engine", "Request", "run_closed_loop"]
+
+
+@dataclass
+class Request:
+    """One request's parameters and state; ``tokens``: its new tokens; ``rounds``: its noise counter (prefill = 0);
+    ``t_start``/``t_end``: wall clock at admission (its prefill step) and at finishing."""
+
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    eos: int | None
+    tokens: list[int] = field(default_factory=list)
+    rounds: int = 0
+    reason: str | None = None
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+
+class _Metrics:
+    """Device-side counters, grown by doubling: ``hist [cap, gamma + 1]``, ``verified``/``accepted``/``rounds
+    [cap]`` per request id; ``pos_accepted``/``pos_verified [gamma]``; calibration pairs kept per round."""
+
+    def __init__(self, gamma: int, device: torch.device) -> None:
+        self.gamma, self.device = gamma, device
+        self.hist = torch.zeros(0, gamma + 1, dtype=torch.int64, device=device)
+        self.verified = torch.zeros(0, dtype=torch.int64, device=device)
+        self.accepted = torch.zeros(0, dtype=torch.int64, device=device)
+        self.pos_accepted = torch.zeros(gamma, dtype=torch.int64, device=device)
+        self.pos_verified = torch.zeros(gamma, dtype=torch.int64, device=device)
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def ensure(self, rid: int) -> None:
+        cap = self.verified.numel()
+        if rid < cap:
+            return
+        new = max(2 * cap, rid + 1, 16)
+        self.hist = torch.cat([self.hist, self.hist.new_zeros(new - cap, self.gamma + 1)])
+        self.verified = torch.cat([self.verified, self.verified.new_zeros(new - cap)])
+        self.accepted = torch.cat([self.accepted, self.accepted.new_zeros(new - cap)])
+
+    def record(self, rids: torch.Tensor, lens: torch.Tensor, accepted: torch.Tensor, conf: torch.Tensor | None):
+        acc = accepted.long()
+        self.hist.index_put_((rids, acc), torch.ones_like(acc), accumulate=True)
+        self.verified.index_add_(0, rids, lens)
+        self.accepted.index_add_(0, rids, acc)
+        if conf is not None:
+            self.pairs.append((conf, lens, acc))
+
+    def calibration_pairs(self) -> dict[str, np.ndarray]:
+        """Verified drafts only: ``conf_logits``, ``accepted`` (0/1) and 0-based ``position``, each ``[M]``."""
+        logits, labels, positions = [], [], []
+        for conf, lens, acc in self.pairs:
+            pos = torch.arange(self.gamma, device=conf.device)[None, :].expand_as(conf)
+            mask = pos < lens[:, None]
+            logits.append(conf[mask].float().cpu())
+            labels.append((pos < acc[:, None])[mask].cpu())
+            positions.append(pos[mask].cpu())
+        return {"conf_logits": _cat(logits, np.float32), "accepted": _cat(labels, bool),
+                "position": _cat(positions, np.int64)}
+
+
+def _cat(xs: list[torch.Tensor], dtype) -> np.ndarray:
+    return torch.cat(xs).numpy() if xs else np.zeros(0, dtype=dtype)
+
+
+class Engine:
+    """Continuous batching over ``target`` + ``drafter`` with verify lengths from ``policy`` (see module docstring).
+
+    ``sps_profile`` is bound to the policy (its table must reach B = ``max_batch``). The KV pools hold
+    ``max_batch`` requests of up to ``max_seq_len`` tokens (prompt + new tokens + gamma + 1) each.
+    """
+
+    def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
+                 page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None) -> None:
+        if not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+        if policy.replay_only:
+            raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
+        for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        policy.bind(sps_profile, gamma, max_batch)
+        self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
+        self.max_batch, self.max_seq_len, self.impl = max_batch, max_seq_len, impl
+        self.device = target.device
+        pages = max_batch * -(-max_seq_len // page_size)
+        self.tcache = target.new_cache(pages, page_size)
+        self.dstate = drafter.new_state(pages, page_size)
+        self.requests: dict[int, Request] = {}
+        self.pending: list[int] = []
+        self.live: list[int] = []
+        self.steps = 0
+        self._next_id = 0
+        self._metrics = _Metrics(gamma, self.device)
+
+    # ---------------------------------------------------------------------------------------------------- requests
+    def add_request(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, seed: int | None = None, eos: int | None = None) -> int:
+        """Queue a request (prefilled at the next step with room); returns its id."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        check_sampling(temperature, top_k, top_p)
+        need = len(prompt) + max_new_tokens + self.gamma + 1
+        if need > self.max_seq_len:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + gamma + 1 = {need} "
+                             f"exceeds max_seq_len = {self.max_seq_len}")
+        rid = self._next_id
+        self._next_id += 1
+        seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else int(seed)
+        self.requests[rid] = Request(rid, prompt, max_new_tokens, float(temperature), int(top_k), float(top_p),
+                                     seed, eos)
+        self.pending.append(rid)
+        self._metrics.ensure(rid)
+        return rid
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.live or self.pending)
+
+    def _sampling(self, rids: Sequence[int]) -> Sampling:
+        rs = [self.requests[i] for i in rids]
+        return Sampling.of([r.temperature for r in rs], [r.top_k for r in rs], [r.top_p for r in rs],
+                           [r.seed for r in rs], [r.rounds for r in rs], self.device)
+
+    def _finish(self, rids: Sequence[int], now: float) -> list[int]:
+        """Apply the length cap/EOS to ``rids``; free the finished ones and return them."""
+        done = []
+        for i in rids:
+            req = self.requests[i]
+            req.reason = finish_reason(req.tokens, req.max_new_tokens, req.eos)
+            if req.reason is not None:
+                req.t_end = now
+                self.tcache.free(i)
+                self.drafter.free(self.dstate, i)
+                done.append(i)
+        return done
+
+    def _admit(self, now: float) -> list[int]:
+        """Prefill the queued requests that fit; returns the ones that finished on their first token."""
+        room = self.max_batch - len(self.live)
+        new, self.pending = self.pending[:room], self.pending[room:]
+        if not new:
+            return []
+        for i in new:
+            self.tcache.add_request(i)
+            self.drafter.add_request(self.dstate, i)
+            self.requests[i].t_start = now
+        first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
+                        [self.requests[i].prompt for i in new], self._sampling(new), self.impl)
+        for i, tok in zip(new, first):
+            self.requests[i].tokens.append(tok)
+            self.requests[i].rounds = 1
+        done = self._finish(new, time.perf_counter())
+        self.live += [i for i in new if i not in done]
+        return done
+
+    # -------------------------------------------------------------------------------------------------------- step
+    def step(self) -> list[int]:
+        """Admit queued requests, then run one draft/verify round for every live request; returns the ids of the
+        requests that finished during this step."""
+        done = self._admit(time.perf_counter())
+        live = self.live
+        if not live:
+            return done
+        r, dev, gamma = len(live), self.device, self.gamma
+        samp = self._sampling(live)
+        anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
+        drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl)
+        conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
+        lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
+        m = self._metrics
+        rnd = verify_round(self.target, self.drafter, self.tcache, self.dstate, live, anchors, drafted, lens, gamma,
+                           samp, m.pos_accepted, m.pos_verified, self.impl)
+        self.policy.observe(rnd.num_accepted, lens)
+        m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
+        self.steps += 1
+        for i, tokens in zip(live, rnd.emitted):
+            self.requests[i].tokens.extend(tokens)
+            self.requests[i].rounds += 1
+        finished = self._finish(live, time.perf_counter())
+        self.live = [i for i in live if i not in finished]
+        return done + finished
+
+    # ----------------------------------------------------------------------------------------------------- metrics
+    def metrics(self) -> dict:
+        """Read the device counters (one transfer) and summarise.
+
+        Per request (``requests[rid]``): tokens, rounds, ``accept_hist``, ``verified``/``accepted``/``rejected``
+        drafts, ``tau``, ``tokens_per_s`` (tokens / (finish - admission), finished requests only). Totals: ``tau``
+        (mean emitted tokens per request-round), ``verified_per_round``, ``rejected_per_round``, ``waste`` =
+        rejected / verified, per-position conditional acceptance, and the calibration pairs.
+        """
+        m = self._metrics
+        hist, ver, acc = m.hist.cpu(), m.verified.cpu(), m.accepted.cpu()
+        pos_acc, pos_ver = m.pos_accepted.cpu(), m.pos_verified.cpu()
+        per = {}
+        for rid, req in self.requests.items():
+            rounds = int(hist[rid].sum())
+            per[rid] = {
+                "tokens": len(req.tokens), "rounds": rounds, "accept_hist": hist[rid].tolist(),
+                "verified": int(ver[rid]), "accepted": int(acc[rid]), "rejected": int(ver[rid] - acc[rid]),
+                "tau": (int(acc[rid]) + rounds) / rounds if rounds else float("nan"), "finish_reason": req.reason,
+                "tokens_per_s": len(req.tokens) / (req.t_end - req.t_start) if req.reason and req.t_end > req.t_start
+                else float("nan"),
+            }
+        rounds, verified, accepted = int(hist.sum()), int(ver.sum()), int(acc.sum())
+        return {
+            "requests": per, "rounds": rounds, "steps": self.steps,
+            "tau": (accepted + rounds) / rounds if rounds else float("nan"),
+            "verified_per_round": verified / rounds if rounds else float("nan"),
+            "rejected_per_round": (verified - accepted) / rounds if rounds else float("nan"),
+            "waste": (verified - accepted) / verified if verified else 0.0,
+            "acceptance_by_position": [a / v if v else float("nan") for a, v in zip(pos_acc.tolist(),
+                                                                                      pos_ver.tolist())],
+            "calibration_pairs": m.calibration_pairs(),
+        }
+
+
+def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int, max_new_tokens: int,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                    seeds: Sequence[int] | None = None, eos: int | None = None) -> dict:
+    """Closed-loop load: keep ``concurrency`` requests in flight (a finished one is replaced by the next prompt at
+    once) until every prompt is done. Returns the engine's :meth:`Engine.metrics` plus ``elapsed_s``,
+    ``system_tps`` (new tokens / wall time), ``per_user_tps`` (list, one per request), ``concurrency``, and
+    ``rids`` (the engine ids, in prompt order)."""
+    if not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
+        raise ValueError(f"concurrency must be an int in [1, max_batch = {engine.max_batch}], got {concurrency!r}")
+    seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    queue = list(range(len(prompts)))[::-1]
+    rids: list[int] = [-1] * len(prompts)
+
+    def submit() -> None:
+        i = queue.pop()
+        rids[i] = engine.add_request(prompts[i], max_new_tokens, temperature, top_k, top_p, seeds[i], eos)
+
+    first = set(engine.requests)
+    t0 = time.perf_counter()
+    for _ in range(min(concurrency, len(prompts))):
+        submit()
+    while engine.has_work:
+        for _ in engine.step():
+            if queue:
+                submit()
+    elapsed = time.perf_counter() - t0
+    out = engine.metrics()
+    mine = [out["requests"][i] for i in rids if i not in first]
+    out.update(elapsed_s=elapsed, concurrency=concurrency, rids=rids,
+               system_tps=sum(r["tokens"] for r in mine) / elapsed if elapsed > 0 else float("nan"),
+               per_user_tps=[r["tokens_per_s"] for r in mine])
+    return out

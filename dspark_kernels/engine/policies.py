@@ -1,0 +1,257 @@
+"""Verify-length policies (perf-protocol §6, B0-B8): how many of its ``gamma`` drafts each live request verifies.
+
+Every policy is used in two steps per round::
+
+    lens = policy.choose(conf_logits, live, step)   # conf_logits [R, gamma] float32 or None -> lens [R] int64
+    policy.observe(accepted, lens)                  # accepted [R]: drafts accepted this round (stateful policies)
+
+after a one-time ``policy.bind(sps_profile, gamma, max_batch)`` that gives it the SPS table (``SPSProfile.as_table``
+up to ``max_batch * (gamma + 1)`` tokens) and checks that the profile covers a batch of ``max_batch`` requests.
+``live`` are the requests' ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
+
+Lossless policies only look at information available before the draft they decide on is verified: confidences
+``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
+capacity comes from confidences two rounds old, and SmartSpec/EMA state comes from earlier rounds. ``oracle`` reads
+the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
+
+Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),
+``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``oracle``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from ..ops.survival import (
+    capacity_unconstrained,
+    prefix_survival,
+    select_verify_lengths_alg1,
+    select_verify_lengths_topk,
+)
+from .sps import SPSProfile
+
+__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "make_policy",
+           "POLICY_NAMES"]
+
+FIXED_KS = (1, 3, 5, 7, 15)
+POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
+                "dspark_prod", "oracle")
+
+
+class Policy:
+    """Base class: binding to the SPS profile, input checks, and the no-op ``observe``."""
+
+    name = "policy"
+    needs_confidence = False
+    replay_only = False
+
+    def bind(self, profile: SPSProfile, gamma: int, max_batch: int) -> None:
+        """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens; ``ValueError`` when the
+        profile does not reach a batch of ``max_batch`` tokens (one per request)."""
+        if not isinstance(gamma, int) or gamma < 1 or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"gamma and max_batch must be ints >= 1, got {gamma!r}, {max_batch!r}")
+        table = profile.as_table(max_batch * (gamma + 1))
+        if table.numel() - 1 < max_batch:
+            raise ValueError(f"SPS profile {profile.device}/{profile.model} is measured up to B = {table.numel() - 1}"
+                             f" tokens, fewer than the {max_batch} requests of a full batch (one token each)")
+        self.sps_table, self.gamma = table, gamma
+
+    def _confidence(self, conf_logits: torch.Tensor | None, r: int) -> torch.Tensor:
+        if conf_logits is None:
+            raise ValueError(f"policy {self.name!r} needs a drafter with a confidence head (got no confidences)")
+        if conf_logits.shape != (r, self.gamma):
+            raise ValueError(f"conf_logits must be [R, gamma] = [{r}, {self.gamma}], got {list(conf_logits.shape)}")
+        if not bool(torch.isfinite(conf_logits).all()):
+            raise ValueError(f"policy {self.name!r}: confidence logits contain NaN or inf")
+        return conf_logits.float()
+
+    def choose(self, conf_logits: torch.Tensor | None, live: Sequence, step: int,
+               realised: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def observe(self, accepted: torch.Tensor, verify_lens: torch.Tensor) -> None:
+        """Feed back the round's accepted drafts ``[R]`` for the verify lengths ``[R]`` (no-op by default)."""
+
+
+def _device(conf_logits: torch.Tensor | None) -> torch.device:
+    return conf_logits.device if conf_logits is not None else torch.device("cpu")
+
+
+class FixedK(Policy):
+    """B0/B1: the same ``k`` (capped at gamma) for every request; ``none`` is k = 0, ``mtp1`` k = 1."""
+
+    def __init__(self, k: int, name: str | None = None) -> None:
+        if not isinstance(k, int) or k < 0:
+            raise ValueError(f"k must be an int >= 0, got {k!r}")
+        self.k, self.name = k, name or f"fixed{k}"
+
+    def choose(self, conf_logits, live, step, realised=None):
+        return torch.full((len(live),), min(self.k, self.gamma), dtype=torch.int64, device=_device(conf_logits))
+
+
+def _calibrated(conf: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
+    """Per-position confidences ``c [R, gamma] = sigmoid(logit / T[j])``."""
+    if temperatures is None:
+        return torch.sigmoid(conf)
+    return torch.sigmoid(conf / temperatures.to(conf.device)[: conf.shape[1]])
+
+
+def _survival(conf: torch.Tensor, temperatures: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flattened calibrated prefix survival ``[R * gamma]`` and its offsets ``cu [R + 1]``."""
+    r, gamma = conf.shape
+    cu = torch.arange(0, (r + 1) * gamma, gamma, dtype=torch.int32, device=conf.device)
+    temps = None if temperatures is None else temperatures.to(conf.device)
+    return prefix_survival(conf.reshape(-1), cu, temps, check_inputs=False), cu
+
+
+class _Confident(Policy):
+    """A policy that reads the calibrated confidences (STS ``temperatures [>= gamma]``, None = uncalibrated)."""
+
+    needs_confidence = True
+
+    def __init__(self, temperatures: torch.Tensor | None = None) -> None:
+        if temperatures is not None:
+            temperatures = torch.as_tensor(temperatures, dtype=torch.float32)
+            if temperatures.dim() != 1 or not bool(torch.isfinite(temperatures).all() & (temperatures > 0).all()):
+                raise ValueError(f"temperatures must be a 1-D tensor of positive finite values, got {temperatures}")
+        self.temperatures = temperatures
+
+    def bind(self, profile, gamma, max_batch):
+        super().bind(profile, gamma, max_batch)
+        if self.temperatures is not None and self.temperatures.numel() < gamma:
+            raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
+
+
+class Threshold(_Confident):
+    """B4-style static rule: verify up to (not including) the first position whose calibrated ``c_j < t``."""
+
+    def __init__(self, t: float, temperatures: torch.Tensor | None = None) -> None:
+        super().__init__(temperatures)
+        if not 0 <= t <= 1:
+            raise ValueError(f"threshold must lie in [0, 1], got {t}")
+        self.t, self.name = t, f"threshold{t:g}"
+
+    def choose(self, conf_logits, live, step, realised=None):
+        c = _calibrated(self._confidence(conf_logits, len(live)), self.temperatures)
+        return (c >= self.t).long().cumprod(dim=1).sum(dim=1)
+
+
+class DSpark(_Confident):
+    """B7: Algorithm 1 (greedy with early stop) on the calibrated prefix survival and the SPS table."""
+
+    name = "dspark"
+
+    def choose(self, conf_logits, live, step, realised=None):
+        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
+        table = self.sps_table.to(a.device)
+        return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
+
+
+class DSparkProd(_Confident):
+    """B7p: capacity K from the survivals of two rounds ago (global search, no early stop), then the live top-K.
+
+    Until two earlier rounds exist (engine start-up) the round uses Algorithm 1 instead, which is lossless on its
+    own. The stale batch may hold other requests than the live one: K is a number of draft slots, fixed before the
+    live drafts exist, which is all losslessness needs (see ``ops.survival.capacity_unconstrained``).
+    """
+
+    name = "dspark_prod"
+    STALENESS = 2
+
+    def __init__(self, temperatures: torch.Tensor | None = None) -> None:
+        super().__init__(temperatures)
+        self._history: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.STALENESS)
+
+    def choose(self, conf_logits, live, step, realised=None):
+        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
+        table = self.sps_table.to(a.device)
+        if len(self._history) < self.STALENESS:
+            lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False)
+        else:
+            stale_a, stale_cu = self._history[0]
+            k = capacity_unconstrained(stale_a, stale_cu, table, check_inputs=False)
+            lens = select_verify_lengths_topk(a, cu, k, check_inputs=False)
+        self._history.append((a, cu))
+        return lens.long()
+
+
+class SmartSpec(Policy):
+    """B3: one k for the whole batch, ``argmax_k R * tau(alpha, k) * SPS(R (1 + k))`` with the i.i.d. closed form
+    ``tau = (1 - alpha^(k+1)) / (1 - alpha)``; k enumerated upward from 0 and stopped at the first drop, G(0) x 1.1;
+    re-decided every ``period`` rounds. ``alpha`` is an EMA (weight ``ema``) of the realised per-token acceptance
+    ``accepted / accept tests`` (a request verifying l drafts and accepting a ran ``a + [a < l]`` tests)."""
+
+    name = "smartspec"
+
+    def __init__(self, alpha0: float = 0.7, ema: float = 0.1, period: int = 20, prior: float = 1.1) -> None:
+        self.alpha, self.ema, self.period, self.prior = alpha0, ema, period, prior
+        self._k: int | None = None
+        self._alpha_dev: torch.Tensor | None = None
+
+    def _decide(self, r: int) -> int:
+        bmax = self.sps_table.numel() - 1
+        best_k, best = 0, self.prior * r * float(self.sps_table[r])
+        for k in range(1, self.gamma + 1):
+            if r * (1 + k) > bmax:
+                break
+            tau = float(k + 1) if self.alpha >= 1 else (1 - self.alpha ** (k + 1)) / (1 - self.alpha)
+            g = r * tau * float(self.sps_table[r * (1 + k)])
+            if g <= best:
+                break
+            best_k, best = k, g
+        return best_k
+
+    def choose(self, conf_logits, live, step, realised=None):
+        if self._k is None or step % self.period == 0:
+            if self._alpha_dev is not None:
+                self.alpha = float(self._alpha_dev)
+            self._k = self._decide(len(live))
+        return torch.full((len(live),), self._k, dtype=torch.int64, device=_device(conf_logits))
+
+    def observe(self, accepted, verify_lens):
+        acc = accepted.double()
+        tests = acc + (accepted < verify_lens.to(accepted.device)).double()
+        total = tests.sum()
+        rate = torch.where(total > 0, acc.sum() / total.clamp(min=1), torch.tensor(self.alpha, dtype=torch.float64))
+        prev = self._alpha_dev if self._alpha_dev is not None else torch.tensor(self.alpha, dtype=torch.float64)
+        prev = prev.to(rate.device)
+        self._alpha_dev = torch.where(total > 0, (1 - self.ema) * prev + self.ema * rate, prev)
+
+
+class Oracle(Policy):
+    """B8 (replay only): verify exactly the realised accepted drafts (``realised [R]``, the full-gamma outcome)."""
+
+    name = "oracle"
+    replay_only = True
+
+    def choose(self, conf_logits, live, step, realised=None):
+        if realised is None:
+            raise ValueError("the oracle policy needs the realised accepted counts: it runs in replay only")
+        return realised.long().clamp(max=self.gamma)
+
+
+def make_policy(name: str, temperatures: torch.Tensor | None = None) -> Policy:
+    """A policy by name (see the module docstring); ``temperatures``: STS calibration for the confidence policies."""
+    if name == "none":
+        return FixedK(0, "none")
+    if name == "mtp1":
+        return FixedK(1, "mtp1")
+    if name.startswith("fixed") and name[5:].isdigit():
+        return FixedK(int(name[5:]))
+    if name.startswith("threshold"):
+        try:
+            t = float(name[9:])
+        except ValueError:
+            raise ValueError(f"threshold policy needs a value, e.g. 'threshold0.5', got {name!r}") from None
+        return Threshold(t, temperatures)
+    simple = {"smartspec": SmartSpec, "oracle": Oracle}
+    if name in simple:
+        return simple[name]()
+    if name == "dspark":
+        return DSpark(temperatures)
+    if name == "dspark_prod":
+        return DSparkProd(temperatures)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")

@@ -1,0 +1,130 @@
+"""Policy replay: simulate verify-length policies on recorded traces against an SPS profile, without the model.
+
+Traces come from :func:`speculative_generate(..., record_traces=True)` (full-gamma verification): per request and
+round the confidence logits ``[gamma]`` and the accepted drafts ``a``. Verifying only ``l`` drafts of that round
+would have accepted ``min(a, l)`` (same drafts, same uniforms), then emitted one correction/bonus token.
+
+Closed loop at concurrency C: C slots each run a request drawn (seeded, with replacement) from the traces; its token
+budget is the trace's emitted tokens, and simulated step s of the slot replays the slot's trace round ``s mod
+rounds`` (a shorter verify emits fewer tokens, so a request can need more rounds than were recorded; the rounds are
+reused in order: an approximation, since the real continuation would differ). Per step the policy chooses ``l_r``
+for the live slots, the step takes ``1 / SPS(B)`` seconds with ``B = sum_r (1 + l_r)`` (a B beyond the profile runs
+as ``ceil(B / Bmax)`` forwards of at most Bmax tokens), and each request emits ``min(a_r, l_r) + 1`` tokens. A
+finished request is replaced at once; the run stops when ``num_requests`` requests have finished. Prefill and draft
+time are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .policies import Policy, make_policy
+from .sps import SPSProfile
+
+__all__ = ["Traces", "simulate", "sweep"]
+
+
+@dataclass
+class Traces:
+    """Concatenated per-request traces: ``conf [N, gamma]`` float32, ``accepted [N]`` int64; request i owns rows
+    ``start[i] : start[i] + rounds[i]`` (``[T]`` int64 each)."""
+
+    conf: torch.Tensor
+    accepted: torch.Tensor
+    start: torch.Tensor
+    rounds: torch.Tensor
+
+    @classmethod
+    def from_result(cls, extra: dict) -> Traces:
+        """From ``SpecResult.extra`` of a ``record_traces=True`` run (rounds grouped by request, in order)."""
+        if "confidence_logits" not in extra:
+            raise ValueError("no traces recorded: run speculative_generate(record_traces=True) with a drafter that "
+                             "has a confidence head")
+        req = extra["trace_request"].long()
+        order = torch.sort(req, stable=True).indices
+        counts = torch.bincount(req)
+        counts = counts[counts > 0]
+        start = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)[:-1]])
+        return cls(extra["confidence_logits"][order].float(), extra["accepted"][order].long(), start, counts)
+
+    @property
+    def gamma(self) -> int:
+        return self.conf.shape[1]
+
+    def tokens(self) -> torch.Tensor:
+        """Emitted tokens of each recorded request ``[T]`` (full-gamma verification; excludes the prefill token)."""
+        per_round = self.accepted + 1
+        return torch.stack([per_round[s: s + n].sum() for s, n in zip(self.start.tolist(), self.rounds.tolist())])
+
+
+def _step_time(table: torch.Tensor, batch: int) -> float:
+    bmax = table.numel() - 1
+    full, rest = divmod(batch, bmax)
+    return full / float(table[bmax]) + (1.0 / float(table[rest]) if rest else 0.0)
+
+
+def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: int, num_requests: int | None = None,
+             seed: int = 0) -> dict:
+    """One closed-loop point (see the module docstring). Returns ``policy``, ``concurrency``,
+    ``per_user_tps_median``/``_p10`` (tokens / simulated seconds of each finished request), ``system_tps``,
+    ``tau`` (tokens per request-round), ``verified_tokens``/``rejected_tokens`` (drafts per request-round),
+    ``waste`` (rejected / verified), ``steps`` and ``requests``."""
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+    num_requests = max(3 * concurrency, 32) if num_requests is None else num_requests
+    gamma = traces.gamma
+    policy.bind(profile, gamma, concurrency)
+    table = profile.as_table(concurrency * (gamma + 1))
+    budgets = traces.tokens()
+    rng = np.random.default_rng(seed)
+    n_traces = traces.rounds.numel()
+
+    slot_trace = torch.as_tensor(rng.integers(0, n_traces, concurrency))
+    slot_step = torch.zeros(concurrency, dtype=torch.int64)
+    slot_tokens = torch.zeros(concurrency, dtype=torch.int64)
+    slot_t0 = np.zeros(concurrency)
+    slot_id = torch.arange(concurrency)
+    next_id, now, step = concurrency, 0.0, 0
+    speeds: list[float] = []
+    tokens_total = rounds_total = verified_total = accepted_total = 0
+    while len(speeds) < num_requests:
+        rows = traces.start[slot_trace] + slot_step % traces.rounds[slot_trace]
+        realised = traces.accepted[rows]
+        lens = policy.choose(traces.conf[rows], slot_id.tolist(), step, realised=realised).long().cpu()
+        acc = torch.minimum(realised, lens)
+        policy.observe(acc, lens)
+        now += _step_time(table, int((lens + 1).sum()))
+        step += 1
+        slot_tokens += acc + 1
+        slot_step += 1
+        tokens_total += int((acc + 1).sum())
+        rounds_total += concurrency
+        verified_total += int(lens.sum())
+        accepted_total += int(acc.sum())
+        for s in torch.nonzero(slot_tokens >= budgets[slot_trace]).flatten().tolist():
+            speeds.append(int(budgets[slot_trace[s]]) / (now - slot_t0[s]))
+            slot_trace[s] = int(rng.integers(0, n_traces))
+            slot_step[s] = slot_tokens[s] = 0
+            slot_t0[s] = now
+            slot_id[s] = next_id
+            next_id += 1
+    return {
+        "policy": policy.name, "concurrency": concurrency,
+        "per_user_tps_median": float(np.median(speeds)), "per_user_tps_p10": float(np.percentile(speeds, 10)),
+        "system_tps": tokens_total / now, "tau": tokens_total / rounds_total,
+        "verified_tokens": verified_total / rounds_total,
+        "rejected_tokens": (verified_total - accepted_total) / rounds_total,
+        "waste": (verified_total - accepted_total) / verified_total if verified_total else 0.0,
+        "steps": step, "requests": len(speeds),
+    }
+
+
+def sweep(names: Sequence[str], traces: Traces, profile: SPSProfile, concurrencies: Sequence[int],
+          temperatures: torch.Tensor | None = None, seed: int = 0) -> list[dict]:
+    """:func:`simulate` for every policy name x concurrency, a fresh policy per point (same seed: same draws)."""
+    return [simulate(make_policy(n, temperatures), traces, profile, c, seed=seed) for n in names
+            for c in concurrencies]
