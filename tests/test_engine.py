@@ -64,7 +64,8 @@ def test_requests_join_and_leave_mid_run(target, drafter):  # noqa: F811
     assert m["requests"][a]["verified"] == 3 * m["requests"][a]["rounds"]
     assert m["requests"][a]["rejected"] == m["requests"][a]["verified"] - m["requests"][a]["accepted"]
     pairs = m["calibration_pairs"]
-    assert pairs["conf_logits"].shape == pairs["accepted"].shape == (sum(r["verified"] for r in m["requests"].values()),)
+    verified = sum(r["verified"] for r in m["requests"].values())
+    assert pairs["conf_logits"].shape == pairs["accepted"].shape == (verified,)
 
 
 @pytest.mark.parametrize("policy", LIVE_POLICIES)
@@ -155,3 +156,38 @@ def test_bad_inputs_raise_clear_errors(target, drafter, traces, tmp_path):  # no
         make_policy("fastest")
     with pytest.raises(ValueError, match="max_seq_len"):
         engine(target, drafter, "mtp1").add_request([1] * 60, 10)
+
+
+@pytest.mark.parametrize("mode", ["replay", "live"])
+def test_serving_cli_writes_json_csv_png(tmp_path, mode):
+    import argparse
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from dspark_kernels.bench import serving
+    from dspark_kernels.models import load_model
+
+    torch.manual_seed(0)
+    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      tie_word_embeddings=False))
+    hf.save_pretrained(tmp_path / "target")
+    make_drafter(load_model(tmp_path / "target")).save(tmp_path / "drafter")
+    parser = argparse.ArgumentParser()
+    serving.add_arguments(parser)
+    args = parser.parse_args(["--mode", mode, "--model", str(tmp_path / "target"), "--drafter",
+                              str(tmp_path / "drafter"), "--gamma", "3", "--max-new-tokens", "6", "--prompt-len", "5",
+                              "--trace-prompts", "4", "--corpus", str(tmp_path / "none"), "--sps-dir",
+                              str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
+                              "--policies", "none", "mtp1", "dspark", "oracle"])
+    serving.main(args)
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()
+    names = {"none", "mtp1", "dspark"} | ({"oracle"} if mode == "replay" else set())
+    assert {p["policy"] for p in data["points"]} == names and len(data["points"]) == 2 * len(names)
+    for p in data["points"]:
+        assert p["system_tps"] > 0 and p["per_user_tps_p10"] <= p["per_user_tps_median"] and p["tau"] >= 1
+    assert data["readouts"]["per_user_at_matched_throughput_vs_mtp1"][0]["vs_mtp1"]["mtp1"] == pytest.approx(1.0)
+    assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
+    if mode == "live":
+        assert list((tmp_path / "sps").glob("*.json"))

@@ -1,4 +1,4 @@
-"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance}``."""
+"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance,serving}``."""
 
 from __future__ import annotations
 

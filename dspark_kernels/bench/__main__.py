@@ -2,15 +2,16 @@
 
 import argparse
 
-from . import acceptance
+from . import acceptance, serving
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m dspark_kernels.bench", description=__doc__)
     sub = parser.add_subparsers(dest="name", required=True)
     acceptance.add_arguments(sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0]))
+    serving.add_arguments(sub.add_parser("serving", help=serving.__doc__.split("\n")[0]))
     args = parser.parse_args()
-    {"acceptance": acceptance.main}[args.name](args)
+    {"acceptance": acceptance.main, "serving": serving.main}[args.name](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,304 @@
+"""Serving benchmark: verify-length policies on the throughput vs per-user-speed frontier (perf-protocol §8.4).
+
+Two modes, same outputs:
+
+* ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
+  shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded); time is
+  wall clock on this machine. The SPS profile is loaded from ``autotune/sps/`` when present for this device and
+  model, else measured here with ``profile_target`` (one request with a ``--prompt-len`` context, a verify forward of
+  B tokens, then rolled back) and saved.
+* ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
+  with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
+  profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
+  1024, without running the model.
+
+Per point: per-user tokens/s (median, p10), system tokens/s, tau (tokens per request-round), verified and rejected
+drafts per request-round, waste = rejected / verified. Read-outs: (a) system throughput at fixed per-user speeds,
+(b) per-user speed at the throughput of each mtp1 point, relative to mtp1; both interpolated on each policy's Pareto
+frontier. Writes ``--json``, and ``.csv`` and ``.png`` (Pareto plot) next to it.
+
+CLI: ``python -m dspark_kernels.bench serving --mode replay --json results/serving_replay.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import random
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..engine.engine import Engine, run_closed_loop
+from ..engine.policies import POLICY_NAMES, make_policy
+from ..engine.replay import Traces, sweep
+from ..engine.speculative import speculative_generate
+from ..engine.sps import SPS_DIR, SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
+from ..models import load_model
+from ..models.drafter_api import load_drafter
+from ..train.calibration import load_temperatures
+from . import ASSETS, device_record
+
+LIVE_CONCURRENCY = (1, 2, 4, 8)
+REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def device_name() -> str:
+    """The accelerator's name, or the CPU's with its thread count (the key of a measured SPS profile)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
+
+
+def measure_profile(target, max_tokens: int, context: int, model: str) -> SPSProfile:
+    """``profile_target`` for ``target``: one request holding ``context`` tokens verifies B tokens (then rolled
+    back), at B = 1, 2, 4, 8 and every multiple of 8 up to ``max_tokens``."""
+    cache = target.new_cache(-(-(context + max_tokens) // 16), 16)
+    cache.add_request(0)
+    dev = target.device
+    target(torch.ones(context, dtype=torch.int64, device=dev), torch.tensor([0, context], dtype=torch.int32,
+                                                                           device=dev), [0], cache)
+
+    def step(b: int) -> None:
+        target(torch.ones(b, dtype=torch.int64, device=dev), torch.tensor([0, b], dtype=torch.int32, device=dev),
+               [0], cache, check_inputs=False)
+        cache.rollback(0, b)
+
+    sizes = sorted({b for b in (1, 2, 4, 8) if b <= max_tokens} | set(range(8, max_tokens + 1, 8)) | {max_tokens})
+    return profile_target(step, max_tokens, device=device_name(), model=model, batch_sizes=sizes, warmup=1,
+                          repeats=5)
+
+
+def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
+    """``n`` prompts of ``--prompt-len`` tokens: corpus test-split windows when the corpus and a tokenizer exist,
+    else seeded random token ids (labelled "random")."""
+    tokenizer_file = Path(args.model) / "tokenizer.json"
+    if (Path(args.corpus) / "manifest.json").exists() and tokenizer_file.exists():
+        from ..train.tokenizer import load_tokenizer
+        from .acceptance import benchmark_prompts
+
+        return benchmark_prompts(load_tokenizer(args.model), Path(args.corpus), args.domain, n, args.prompt_len,
+                                 seed), f"corpus:{args.domain}"
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(4, vocab) for _ in range(args.prompt_len - 1)] for _ in range(n)], "random"
+
+
+def _temperatures(drafter_dir: Path, gamma: int) -> torch.Tensor | None:
+    try:
+        return load_temperatures(drafter_dir, gamma)
+    except FileNotFoundError:
+        return None
+
+
+def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
+    model = Path(args.model).name
+    max_c = max(args.concurrency)
+    try:
+        profile, where = load_profile(device_name(), model, args.sps_dir), "loaded"
+    except FileNotFoundError:
+        profile = measure_profile(target, max_c * (args.gamma + 1), args.prompt_len, model)
+        where = f"measured, saved to {profile.save(args.sps_dir)}"
+    points = []
+    for name in args.policies:
+        if name == "oracle":
+            continue
+        for c in args.concurrency:
+            prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
+                                          target.config.vocab_size, args.seed)
+            eng = Engine(target, drafter, make_policy(name, temps), profile, args.gamma, max_batch=c,
+                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1)
+            try:
+                out = run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature)
+            except ValueError as e:
+                if "confidence head" not in str(e):
+                    raise
+                print(f"skip {name}: {e}", flush=True)
+                break
+            speeds = out["per_user_tps"]
+            points.append({
+                "policy": name, "concurrency": c, "per_user_tps_median": statistics.median(speeds),
+                "per_user_tps_p10": float(np.percentile(speeds, 10)), "system_tps": out["system_tps"],
+                "tau": out["tau"], "verified_tokens": out["verified_per_round"],
+                "rejected_tokens": out["rejected_per_round"], "waste": out["waste"], "steps": out["steps"],
+                "requests": len(speeds), "elapsed_s": out["elapsed_s"], "prompts": source,
+                "acceptance_by_position": out["acceptance_by_position"],
+            })
+            _print_point(points[-1])
+    return points, profile, where
+
+
+def run_replay(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
+    if args.profile is not None:
+        profile, where = read_profile(args.profile), str(args.profile)
+    else:
+        profile, where = analytic_roofline("H200", 8e9, model="8B (modelled)"), 'analytic_roofline("H200", 8e9)'
+    prompts, source = prompts_for(args, args.trace_prompts, target.config.vocab_size, args.seed)
+    res = speculative_generate(target, drafter, prompts, args.max_new_tokens, args.gamma,
+                               temperature=args.temperature, seeds=list(range(len(prompts))), record_traces=True)
+    traces = Traces.from_result(res.extra)
+    print(f"traces: {traces.rounds.numel()} requests, {traces.conf.shape[0]} rounds, tau {res.tau:.3f} ({source})",
+          flush=True)
+    points = sweep(args.policies, traces, profile, args.concurrency, temps, seed=args.seed)
+    for p in points:
+        p["prompts"] = source
+        _print_point(p)
+    return points, profile, where
+
+
+def _print_point(p: dict) -> None:
+    print(f"{p['policy']:13s} c={p['concurrency']:5d} user {p['per_user_tps_median']:10.2f} tok/s "
+          f"(p10 {p['per_user_tps_p10']:10.2f}) system {p['system_tps']:11.2f} tok/s tau {p['tau']:.3f} "
+          f"verified {p['verified_tokens']:.2f} waste {p['waste']:.2f}", flush=True)
+
+
+def _frontier(points: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Pareto frontier (per-user, system) of one policy, per-user descending / system ascending."""
+    pts = sorted(((p["per_user_tps_median"], p["system_tps"]) for p in points), reverse=True)
+    user, system = [], []
+    for u, s in pts:
+        if not system or s > system[-1]:
+            user.append(u)
+            system.append(s)
+    return np.array(user), np.array(system)
+
+
+def system_at_speed(points: list[dict], speed: float) -> float | None:
+    """System tokens/s a policy reaches at per-user speed >= ``speed`` (interpolated on its frontier)."""
+    user, system = _frontier(points)
+    if speed > user[0]:
+        return None
+    return float(np.interp(speed, user[::-1], system[::-1]))
+
+
+def speed_at_throughput(points: list[dict], throughput: float) -> float | None:
+    """Per-user tokens/s a policy keeps at system throughput ``throughput`` (interpolated on its frontier)."""
+    user, system = _frontier(points)
+    if throughput > system[-1]:
+        return None
+    return float(np.interp(throughput, system, user))
+
+
+def readouts(points: list[dict], speeds: list[float] | None) -> dict:
+    """(a) system tokens/s at fixed per-user speeds (default: 25/50/75% of the fastest per-user median) and
+    (b) per-user speed at each mtp1 point's throughput, and its ratio to mtp1's."""
+    by_policy: dict[str, list[dict]] = {}
+    for p in points:
+        by_policy.setdefault(p["policy"], []).append(p)
+    top = max(p["per_user_tps_median"] for p in points)
+    speeds = speeds or [round(f * top, 3) for f in (0.25, 0.5, 0.75)]
+    fixed = {f"{s:g}": {name: system_at_speed(pts, s) for name, pts in by_policy.items()} for s in speeds}
+    matched = []
+    for ref in sorted(by_policy.get("mtp1", []), key=lambda p: p["concurrency"]):
+        row = {"mtp1_concurrency": ref["concurrency"], "system_tps": ref["system_tps"],
+               "mtp1_per_user_tps": ref["per_user_tps_median"], "per_user_tps": {}, "vs_mtp1": {}}
+        for name, pts in by_policy.items():
+            u = speed_at_throughput(pts, ref["system_tps"])
+            row["per_user_tps"][name] = u
+            row["vs_mtp1"][name] = None if u is None else u / ref["per_user_tps_median"]
+        matched.append(row)
+    return {"system_tps_at_per_user_speed": fixed, "per_user_at_matched_throughput_vs_mtp1": matched}
+
+
+def format_readouts(r: dict) -> str:
+    lines = ["(a) system tokens/s at per-user speed >= S:"]
+    for s, row in r["system_tps_at_per_user_speed"].items():
+        vals = ", ".join(f"{k} {'-' if v is None else f'{v:.1f}'}" for k, v in row.items())
+        lines.append(f"  S={s}: {vals}")
+    lines.append("(b) per-user speed at each mtp1 point's throughput, relative to mtp1:")
+    for row in r["per_user_at_matched_throughput_vs_mtp1"]:
+        vals = ", ".join(f"{k} {'-' if v is None else f'{v:.2f}x'}" for k, v in row["vs_mtp1"].items())
+        lines.append(f"  mtp1 c={row['mtp1_concurrency']} ({row['system_tps']:.1f} tok/s): {vals}")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> None:
+    """Pareto plot: system tokens/s against per-user tokens/s, one line per policy (points = concurrencies)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    policies = dict.fromkeys(p["policy"] for p in data["points"])
+    for name in policies:
+        pts = sorted((p for p in data["points"] if p["policy"] == name), key=lambda p: p["concurrency"])
+        ax.plot([p["per_user_tps_median"] for p in pts], [p["system_tps"] for p in pts], marker="o", ms=3,
+                label=name)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("per-user tokens/s (median)")
+    ax.set_ylabel("system tokens/s")
+    ax.set_title(f"serving {data['mode']} ({data['profile']['source']} SPS: {data['profile']['device']})")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_csv(points: list[dict], path: Path) -> None:
+    keys = list(dict.fromkeys(k for p in points for k in p if not isinstance(p[k], (list, dict))))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(points)
+
+
+def run(args: argparse.Namespace) -> dict:
+    if not (Path(args.model) / "config.json").exists():
+        raise FileNotFoundError(f"no target model at {args.model} (config.json missing); pass --model")
+    target = load_model(args.model)
+    drafter = load_drafter(args.drafter, target)
+    temps = _temperatures(Path(args.drafter), args.gamma)
+    runner = run_live if args.mode == "live" else run_replay
+    points, profile, where = runner(args, target, drafter, temps)
+    data = {
+        "benchmark": "serving", "mode": args.mode, "device": device_record(),
+        "profile": {"device": profile.device, "model": profile.model, "source": profile.source,
+                    "formula": profile.formula, "origin": where},
+        "settings": {"model": str(args.model), "drafter": str(args.drafter), "gamma": args.gamma,
+                     "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                     "prompt_len": args.prompt_len, "calibrated": temps is not None, "seed": args.seed},
+        "points": points,
+    }
+    data["readouts"] = readouts(points, args.speeds)
+    print(format_readouts(data["readouts"]), flush=True)
+    return data
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=("live", "replay"), default="replay")
+    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
+    p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
+    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+                   help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
+    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--domain", default="prose")
+    p.add_argument("--requests-per-level", type=int, default=3, help="live: requests = this x concurrency")
+    p.add_argument("--min-requests", type=int, default=4, help="live: at least this many requests per point")
+    p.add_argument("--trace-prompts", type=int, default=32, help="replay: prompts decoded to record traces")
+    p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
+    p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
+    p.add_argument("--speeds", type=float, nargs="+", default=None, help="per-user speeds for read-out (a)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=Path("results/serving.json"))
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.concurrency is None:
+        args.concurrency = list(LIVE_CONCURRENCY if args.mode == "live" else REPLAY_CONCURRENCY)
+    data = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(data, indent=1) + "\n")
+    write_csv(data["points"], args.json.with_suffix(".csv"))
+    plot(data, args.json.with_suffix(".png"))
+    print(f"wrote {args.json} (+ .csv, .png)")
