@@ -8,8 +8,8 @@ Closed loop at concurrency C: C slots each run a request drawn (seeded, with rep
 budget is the trace's emitted tokens, and simulated step s of the slot replays the slot's trace round ``s mod
 rounds`` (a shorter verify emits fewer tokens, so a request can need more rounds than were recorded; the rounds are
 reused in order: an approximation, since the real continuation would differ). Per step the policy chooses ``l_r``
-for the live slots, the step takes ``1 / SPS(B)`` seconds with ``B = sum_r (1 + l_r)`` (a B beyond the profile runs
-as ``ceil(B / Bmax)`` forwards of at most Bmax tokens), and each request emits ``min(a_r, l_r) + 1`` tokens. A
+for the live slots, the step takes ``1 / SPS(B)`` seconds with ``B = sum_r (1 + l_r)`` (a B beyond the profile's last
+size Bmax is extrapolated compute-bound, ``t(Bmax) * B / Bmax``), and each request emits ``min(a_r, l_r) + 1`` tokens. A
 finished request is replaced at once; the run stops when ``num_requests`` requests have finished. Prefill and draft
 time are not modelled.
 """
@@ -62,9 +62,11 @@ class Traces:
 
 
 def _step_time(table: torch.Tensor, batch: int) -> float:
+    """``1 / SPS(B)``; past the profiled ``Bmax``, compute-bound scaling ``t(Bmax) * B / Bmax``."""
     bmax = table.numel() - 1
-    full, rest = divmod(batch, bmax)
-    return full / float(table[bmax]) + (1.0 / float(table[rest]) if rest else 0.0)
+    if batch <= bmax:
+        return 1.0 / float(table[batch])
+    return batch / (bmax * float(table[bmax]))
 
 
 def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: int, num_requests: int | None = None,
