@@ -224,10 +224,11 @@ def plot(data: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 5))
     policies = dict.fromkeys(p["policy"] for p in data["points"])
-    for name in policies:
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(policies), 2)))
+    for name, color in zip(policies, colors):
         pts = sorted((p for p in data["points"] if p["policy"] == name), key=lambda p: p["concurrency"])
         ax.plot([p["per_user_tps_median"] for p in pts], [p["system_tps"] for p in pts], marker="o", ms=3,
-                label=name)
+                color=color, label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("per-user tokens/s (median)")
