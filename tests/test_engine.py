@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
@@ -18,7 +17,8 @@ from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
 from dspark_kernels.models import generate
-from tests.test_drafter_engine import VOCAB, _exact_marginals, make_drafter, target  # noqa: F401 (fixture)
+from tests.lossless import assert_follows_target
+from tests.test_drafter_engine import VOCAB, make_drafter, target  # noqa: F401 (fixture)
 
 GAMMA = 4
 LIVE_POLICIES = [p for p in POLICY_NAMES if p != "oracle"]
@@ -106,13 +106,7 @@ def test_sampled_engine_is_lossless(target, drafter, policy):  # noqa: F811
     hist = torch.tensor([r["accept_hist"] for r in out["requests"].values()]).sum(0)
     assert hist[1:].sum() > 0 and hist[0] > 0
     tokens = [eng.requests[i].tokens for i in out["rids"]]
-    for pos, exact in enumerate(_exact_marginals(target, prompt, steps, 1.0)):
-        counts = torch.bincount(torch.tensor([t[pos] for t in tokens]), minlength=VOCAB).double()
-        expected = exact * n
-        big = expected >= 5
-        obs = torch.cat([counts[big], counts[~big].sum()[None]])
-        exp = torch.cat([expected[big], expected[~big].sum()[None]])
-        assert chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue > 1e-3, pos
+    assert_follows_target(target, prompt, tokens, 1.0, steps)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,42 @@
+"""Shared statistical check for end-to-end losslessness: generated tokens vs the target's exact marginals."""
+
+import torch
+from scipy.stats import chisquare
+
+from dspark_kernels.train.drafter_data import target_outputs
+
+
+def exact_marginals(target, prompt: list[int], steps: int, temperature: float) -> list[torch.Tensor]:
+    """Exact distribution ``[V]`` (float64) of generated tokens 1..steps, enumerating prefixes with mass > 1e-6."""
+    prefixes = {(): 1.0}
+    marginals = []
+    for _ in range(steps):
+        items = list(prefixes.items())
+        seqs = [prompt + list(p) for p, _ in items]
+        _, logits, _ = target_outputs(target, seqs, (0,))
+        last = logits[torch.arange(len(seqs)), torch.tensor([len(s) - 1 for s in seqs])]
+        probs = torch.softmax(last / temperature, dim=-1).double()
+        marginal = torch.zeros(probs.shape[-1], dtype=torch.float64)
+        nxt = {}
+        for (p, w), row in zip(items, probs):
+            marginal += w * row
+            for tok in torch.nonzero(row * w > 1e-6).flatten().tolist():
+                nxt[p + (tok,)] = w * float(row[tok])
+        marginals.append(marginal)
+        prefixes = nxt
+    return marginals
+
+
+def assert_follows_target(target, prompt: list[int], outputs: list[list[int]], temperature: float,
+                          steps: int) -> None:
+    """Chi-square (p > 1e-3) of the tokens at each of the first ``steps`` positions of ``outputs`` against the exact
+    marginals; tokens with expected count < 5 are pooled into one bin."""
+    n = len(outputs)
+    for pos, exact in enumerate(exact_marginals(target, prompt, steps, temperature)):
+        counts = torch.bincount(torch.tensor([t[pos] for t in outputs]), minlength=exact.numel()).double()
+        expected = exact * n
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+        assert p_value > 1e-3, (pos, p_value)
