@@ -64,7 +64,7 @@ def samples(model: CausalLM, tokenizer, max_new_tokens: int = 96) -> dict[str, s
     return {k: SAMPLE_PROMPTS[k] + tokenizer.decode(t) for k, t in zip(names, res.tokens)}
 
 
-def write_card(model_dir: Path, corpus_dir: Path, train_summary: Path, out: Path) -> dict:
+def write_card(model_dir: Path, corpus_dir: Path, train_summary: Path, out: Path, note: str = "") -> dict:
     model = load_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
     metrics = {
@@ -74,6 +74,7 @@ def write_card(model_dir: Path, corpus_dir: Path, train_summary: Path, out: Path
         "training": json.loads(Path(train_summary).read_text()) if Path(train_summary).exists() else None,
         "samples": samples(model, tokenizer),
         "files_bytes": {p.name: p.stat().st_size for p in sorted(model_dir.iterdir()) if p.is_file()},
+        "note": note,
     }
     (model_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     out.write_text(render(metrics))
@@ -115,8 +116,8 @@ standard library's sources, its docstrings and pydoc topics; C headers held out)
 | --- | --- |
 {fact_rows}
 
-Perplexity on the fixed evaluation set ({m['eval_set']['blocks']} blocks x {m['eval_set']['seq_len']} tokens per domain;
-recomputed by `tests/test_shipped_target.py`):
+Perplexity on the fixed evaluation set (the first {m['eval_set']['blocks']} blocks x {m['eval_set']['seq_len']} tokens of each
+domain's split, harder text than the split's average; recomputed by `tests/test_shipped_target.py`):
 
 | domain | split | NLL (nats/token) | perplexity | tokens |
 | --- | --- | --- | --- | --- |
@@ -142,7 +143,7 @@ python -m dspark_kernels.train.rollouts --split train --num-prompts 2048
 python -m dspark_kernels.train.rollouts --split heldout --num-prompts 512
 ```
 Training is seeded, but thread scheduling makes CPU float sums order-dependent, so a rerun matches closely rather than
-bit for bit.
+bit for bit. {m.get("note", "")}
 """
 
 
@@ -152,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--train-summary", type=Path, default=Path("data/target_run/summary.json"))
     p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/README.md"))
+    p.add_argument("--note", default="", help="free text appended to the card (e.g. how the shipped run differed)")
     args = p.parse_args(argv)
-    metrics = write_card(args.model, args.corpus, args.train_summary, args.out)
+    metrics = write_card(args.model, args.corpus, args.train_summary, args.out, args.note)
     print(json.dumps({k: v for k, v in metrics.items() if k != "training"}, indent=1))
 
 
