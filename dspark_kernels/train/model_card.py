@@ -116,8 +116,8 @@ standard library's sources, its docstrings and pydoc topics; C headers held out)
 | --- | --- |
 {fact_rows}
 
-Perplexity on the fixed evaluation set (the first {m['eval_set']['blocks']} blocks x {m['eval_set']['seq_len']} tokens of each
-domain's split, harder text than the split's average; recomputed by `tests/test_shipped_target.py`):
+Perplexity on the fixed evaluation set (the first {m['eval_set']['blocks']} blocks x {m['eval_set']['seq_len']} tokens
+of each domain's split, harder text than the split's average; recomputed by `tests/test_shipped_target.py`):
 
 | domain | split | NLL (nats/token) | perplexity | tokens |
 | --- | --- | --- | --- | --- |
@@ -139,8 +139,8 @@ python -m dspark_kernels.train.tokenizer --corpus data/corpus --out dspark_kerne
 python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/target_run \\
     --out dspark_kernels/assets/target --max-steps {tr.get('steps', 2000)}
 python -m dspark_kernels.train.model_card --model dspark_kernels/assets/target --corpus data/corpus
-python -m dspark_kernels.train.rollouts --split train --num-prompts 2048
-python -m dspark_kernels.train.rollouts --split heldout --num-prompts 512
+python -m dspark_kernels.train.rollouts --split train --num-prompts 1024
+python -m dspark_kernels.train.rollouts --split heldout --num-prompts 256
 ```
 Training is seeded, but thread scheduling makes CPU float sums order-dependent, so a rerun matches closely rather than
 bit for bit. {m.get("note", "")}
