@@ -67,6 +67,7 @@ CASES = [
     pytest.param([0, 4, 0, 1], [7, 4, 3, 1], 4, 2, 64, 4, id="empty-requests"),
     pytest.param([37], [37], 2, 2, 64, 16, id="prefill-odd"),
     pytest.param([16, 1], [300, 513], 4, 1, 128, 32, id="long-context"),
+    pytest.param([8, 1], [2500, 1200], 8, 2, 128, 16, id="thousands-of-tokens"),
 ]
 
 
