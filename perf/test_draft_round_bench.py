@@ -1,0 +1,76 @@
+"""Cost of the sequential head inside a draft round, with the shipped target and DSpark drafter (CPU path).
+
+Times one draft-verify round at batch 1 and gamma 7, three ways, side by side in one run: the drafter's backbone pass,
+the sequential head op with the shipped Markov head (vanilla, rank 64), and the same op with no Markov bias (kind
+"none": the sampling a DFlash drafter needs anyway), plus the target's verify forward. The head's overhead on the round
+is ``(head_vanilla - head_none) / (backbone + head_vanilla + verify)`` (goal: <= 5% on the CPU path; the paper reports
+<= 1.3% on GPU).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_kernels.models import load_model
+from dspark_kernels.models.drafter_api import load_drafter
+from dspark_kernels.ops import sequential_head
+from dspark_kernels.ops.sequential_head import SequentialHeadWeights
+from perf.roofline import record
+
+ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
+GAMMA, CTX = 7, 128
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = load_model(ASSETS / "target")
+    drafter = load_drafter(ASSETS / "drafters" / "dspark", target)
+    ids = torch.randint(4, 8192, (CTX,), generator=torch.Generator().manual_seed(0))
+    tcache = target.new_cache(CTX // 16 + 4, 16)
+    tcache.add_request(0)
+    out = target(ids, torch.tensor([0, CTX], dtype=torch.int32), [0], tcache, hidden_layers=drafter.feature_layers)
+    dcache = drafter.new_state(CTX // 16 + 4, 16)
+    dcache.add_request(0)
+    feats = torch.cat([out.hidden_states[i] for i in drafter.feature_layers], -1)
+    drafter.extend(dcache, [0], ids, feats, torch.tensor([0, CTX], dtype=torch.int32))
+    anchor = torch.tensor([int(out.logits[-1].argmax())])
+    prop = drafter.propose(dcache, [0], anchor, GAMMA)
+    return target, drafter, tcache, dcache, anchor, prop
+
+
+def _head(setup, weights):
+    _, _, _, _, anchor, prop = setup
+    zero = torch.zeros(1)
+    return lambda: sequential_head(prop.base_logits, prop.hidden, anchor, prop.cu, weights, zero,
+                                   torch.zeros(1, dtype=torch.int32), torch.ones(1), None, check_inputs=False)
+
+
+def _parts(setup):
+    target, drafter, tcache, dcache, anchor, prop = setup
+    w = drafter.head.weights()
+    none = SequentialHeadWeights("none", conf_w=w.conf_w[: prop.hidden.shape[1]], conf_b=w.conf_b)
+    block = torch.cat([anchor, torch.randint(4, 8192, (GAMMA,))])
+    cu = torch.tensor([0, GAMMA + 1], dtype=torch.int32)
+
+    def verify():
+        target(block, cu, [0], tcache, hidden_layers=drafter.feature_layers, check_inputs=False)
+        tcache.rollback(0, GAMMA + 1)
+
+    return {
+        "backbone": lambda: drafter.propose(dcache, [0], anchor, GAMMA),
+        "head_vanilla": _head(setup, w),
+        "head_none": _head(setup, none),
+        "verify": verify,
+    }
+
+
+@pytest.mark.parametrize("part", ["backbone", "head_vanilla", "head_none", "verify"])
+def test_draft_round_part(benchmark, setup, part):
+    fn = _parts(setup)[part]
+    with torch.inference_mode():
+        fn()
+        benchmark(fn)
+    v, r = 8192, setup[1].config.markov_rank
+    record(benchmark, shapes={"gamma": GAMMA, "ctx": CTX, "V": v, "rank": r, "part": part},
+           bytes_moved=4.0 * GAMMA * (r * v + 2 * v), flops=2.0 * GAMMA * r * v, impl="torch")
