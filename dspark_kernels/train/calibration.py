@@ -307,9 +307,11 @@ def save_temperatures(path, temps, metrics_before=None, metrics_after=None, meta
 def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
     """Read the STS temperatures ``[gamma]`` float32 (the ``position_temperatures`` of ``ops.prefix_survival``).
 
-    ``path``: a drafter directory or the file. Raises ``FileNotFoundError`` when missing and ``ValueError`` on
-    malformed JSON, a wrong format tag, a length that disagrees with the stored (or the requested) ``gamma``, or a
-    temperature that is not a positive finite number.
+    ``path``: a drafter directory or the file. ``gamma`` (optional) asks for the first ``gamma`` temperatures: STS fits
+    positions left to right with earlier ones fixed, so a prefix is exactly what a fit at that block size gives.
+    Raises ``FileNotFoundError`` when missing and ``ValueError`` on malformed JSON, a wrong format tag, a length that
+    disagrees with the stored ``gamma``, a requested ``gamma`` above the stored one, or a temperature that is not a
+    positive finite number.
     """
     src = _resolve(path)
     if not src.is_file():
@@ -326,9 +328,9 @@ def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
     values = _validated_temps(doc.get("temperatures"), str(src))
     if len(values) != stored:
         raise ValueError(f"{src}: {len(values)} temperatures but gamma = {stored}")
-    if gamma is not None and gamma != stored:
-        raise ValueError(f"{src}: calibrated for gamma = {stored}, requested gamma = {gamma}")
-    return torch.tensor(values, dtype=torch.float32)
+    if gamma is not None and not 1 <= gamma <= stored:
+        raise ValueError(f"{src}: calibrated for gamma <= {stored}, requested gamma = {gamma}")
+    return torch.tensor(values[:gamma], dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
