@@ -144,6 +144,15 @@ python -m dspark_kernels.train.rollouts --split heldout --num-prompts 256
 ```
 Training is seeded, but thread scheduling makes CPU float sums order-dependent, so a rerun matches closely rather than
 bit for bit. {m.get("note", "")}
+
+## Drafters (`drafters/`)
+
+`dspark` (vanilla Markov head, rank 64, 2 layers over target layers 0/2/4, with `calibration.json` from STS),
+`dspark_rnn` (RNN head), `dflash` (rank 0, CE only), `eagle` (one-layer chain drafter over target layer 4) and `mtp1`
+(the same chain drafter trained for one token): all trained on the same 1024 target rollouts with the same budget
+(300 steps of 8 sequences). Each directory holds `drafter_config.json`, `model.safetensors` (bfloat16, without the
+target's frozen embedding and LM head) and `train_summary.json` with the exact arguments; `scripts/build_demo_assets.sh`
+has the commands. Their acceptance is measured by `python -m dspark_kernels.bench acceptance` (see the top README).
 """
 
 
