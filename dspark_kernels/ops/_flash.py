@@ -1,4 +1,5 @@
-"""Triton building block shared by the attention kernels: one FlashAttention (online softmax) update."""
+"""Triton building blocks shared by the attention kernels: GQA-packed query tiles, the online-softmax update, the
+output store."""
 
 import triton
 import triton.language as tl
@@ -20,3 +21,29 @@ def online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION: tl
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
+    """Load tile ``mb`` of a request's queries with the GQA group packed into M: row m is token ``m // GROUP`` and
+    query head ``kvh * GROUP + m % GROUP``. Returns ``(q [BLOCK_M, BLOCK_D], tok, head, row_ok, d, d_ok)``."""
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = tok < q_len
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    q = tl.load(Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_F32:
+        q = q.to(tl.float32)
+    return q, tok, head, row_ok, d, d_ok
+
+
+@triton.jit
+def store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh):
+    """Normalise the accumulator by the softmax denominator and store the tile's rows in ``Out``'s dtype."""
+    out = acc / l_i[:, None]
+    tl.store(Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

@@ -24,7 +24,7 @@ import triton.language as tl
 from ..autotune.store import launch_config
 from ..reference.draft_block_attention import draft_block_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
-from ._flash import online_softmax_step
+from ._flash import gqa_query_tile, online_softmax_step, store_output_tile
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton"]
@@ -66,18 +66,8 @@ def _draft_block_attention_kernel(
     if mb * BLOCK_M >= q_len * GROUP:
         return
 
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = tok < q_len
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    q = tl.load(
-        Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None] & d_ok[None, :], other=0.0,
-    )
-    if DOT_F32:
-        q = q.to(tl.float32)
+    q, tok, head, row_ok, d, d_ok = gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP, HEAD_DIM,
+                                                   BLOCK_D, BLOCK_M, DOT_F32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -108,11 +98,7 @@ def _draft_block_attention_kernel(
             v = v.to(tl.float32)
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
-    out = acc / l_i[:, None]
-    tl.store(
-        Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-        out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :],
-    )
+    store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
 
 
 def draft_block_attention_triton(
