@@ -17,6 +17,7 @@ one cannot be taken yet.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -267,3 +268,77 @@ def profile_target(
             times.append(time.perf_counter() - start)
         rates.append(1.0 / max(statistics.median(times), 1e-9))
     return SPSProfile(device, model, sizes, (tuple(rates),), source="measured")
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+def _target_step_fn(model_dir: Path, device: torch.device, max_batch: int, context: int, per_request: int):
+    """A ``step_fn(B)`` for :func:`profile_target`: one verify forward of B new tokens over ``ceil(B / per_request)``
+    requests, each holding ``context`` cached tokens; the new tokens are rolled back so every call sees one state."""
+    from ..models.transformer import load_model
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = load_model(model_dir, dtype=dtype, device=device)
+    n_req = math.ceil(max_batch / per_request)
+    page = 16
+    cache = model.new_cache(num_pages=n_req * math.ceil((context + per_request) / page) + 1, page_size=page)
+    gen = torch.Generator().manual_seed(0)
+    vocab = model.config.vocab_size
+    for r in range(n_req):
+        cache.add_request(r)
+        ids = torch.randint(0, vocab, (context,), generator=gen).to(device)
+        model(ids, torch.tensor([0, context], dtype=torch.int32, device=device), [r], cache)
+    new_ids = torch.randint(0, vocab, (max_batch,), generator=gen).to(device)
+
+    def step(b: int) -> None:
+        lens = [per_request] * (b // per_request) + ([b % per_request] if b % per_request else [])
+        cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=device)
+        rids = list(range(len(lens)))
+        model(new_ids[:b], cu, rids, cache, check_inputs=False)
+        for rid, n in zip(rids, lens):
+            cache.rollback(rid, n)
+
+    return step
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dspark_kernels.engine.sps``: measure and save the SPS profile of a target checkpoint."""
+    import argparse
+    import sys
+
+    from ..autotune.store import device_name
+
+    default_target = Path(__file__).resolve().parent.parent / "assets" / "target"
+    p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)
+    p.add_argument("--target", type=Path, default=default_target, help="checkpoint dir (default: the shipped target)")
+    p.add_argument("--model", default="dspark-target", help="model name in the profile and its file name")
+    p.add_argument("--max-batch", type=int, default=256, help="profile B = 1..max-batch verify tokens")
+    p.add_argument("--context", type=int, default=512, help="cached tokens per request")
+    p.add_argument("--tokens-per-request", type=int, default=8, help="new tokens per request (1 + drafts)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--out-dir", type=Path, action="append", help=f"where to save (repeatable; default {SPS_DIR})")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run, not a real profile)")
+    args = p.parse_args(argv)
+    if args.max_batch < 1 or args.context < 1 or args.tokens_per_request < 1:
+        p.error("--max-batch, --context and --tokens-per-request must be >= 1")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("sps: no CUDA GPU visible; an SPS profile measures the target on the GPU it will serve on. "
+              "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
+        return 2
+    step = _target_step_fn(args.target, device, args.max_batch, args.context, args.tokens_per_request)
+    name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
+    sync = _default_sync if device.type == "cuda" else (lambda: None)
+    prof = profile_target(step, args.max_batch, device=name, model=args.model, warmup=args.warmup,
+                          repeats=args.repeats, sync=sync)
+    for out_dir in args.out_dir or [SPS_DIR]:
+        print(f"sps: wrote {prof.save(out_dir)}")
+    rates = prof.steps_per_s[0]
+    for b in sorted({1, 8, 16, 32, 64, 128, 256, args.max_batch}):
+        if b <= args.max_batch:
+            print(f"  B={b:4d}  {rates[b - 1]:10.1f} steps/s  {rates[b - 1] * b:12.0f} tokens/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

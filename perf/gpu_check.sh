@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# One-command GPU check for a lent machine with only PyTorch and Triton installed. Run from anywhere:
+#   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $OUT/ when OUT is set)
+# Step timeouts sum to 465 s (+5 s kill grace each), so the whole check ends within 8 minutes.
+# Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
+#   env (nvidia-smi, versions) -> kernel tests without the interpreter (junit xml) -> perf suite (benchmark json)
+#   -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
+#   (output folder and autotune/sps/) -> summary.txt
+set -u
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+OUT_DIR=${OUT:-gpu_results}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+unset TRITON_INTERPRET DSPARK_IMPL
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python}
+SUMMARY="$OUT_DIR/summary.txt"
+: > "$OUT_DIR/steps.tsv"
+START=$(date +%s)
+
+step() {  # step NAME TIMEOUT_S CMD...: run with a timeout, log to NAME.log, record status and seconds
+    local name=$1 limit=$2; shift 2
+    local t0=$(date +%s)
+    echo "== $name (timeout ${limit}s)"
+    timeout --kill-after=5 "$limit" bash -c '"$@"' _ "$@" > "$OUT_DIR/$name.log" 2>&1
+    local rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    local status=ok
+    [ "$rc" -ne 0 ] && status="FAILED rc=$rc"
+    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && status="TIMEOUT (${limit}s)"
+    printf '%s\t%s\t%ss\n' "$name" "$status" "$dt" >> "$OUT_DIR/steps.tsv"
+    echo "   $status in ${dt}s (log: $OUT_DIR/$name.log)"
+    tail -n 3 "$OUT_DIR/$name.log" | sed 's/^/   | /'
+}
+
+install_pkg() {  # the package without touching torch/triton; test extras only when missing, tolerating no network
+    $PY -m pip install --no-deps --no-build-isolation -e . || $PY -m pip install --no-deps -e . || true
+    for mod_pkg in pytest:pytest pytest_benchmark:pytest-benchmark scipy:scipy hypothesis:hypothesis \
+                   pynvml:nvidia-ml-py safetensors:safetensors tokenizers:tokenizers tqdm:tqdm numpy:numpy \
+                   transformers:transformers matplotlib:matplotlib; do
+        mod=${mod_pkg%%:*}; pkg=${mod_pkg#*:}
+        $PY -c "import $mod" 2>/dev/null || timeout 15 $PY -m pip install --retries 0 --timeout 5 "$pkg" || echo "could not install $pkg"
+    done
+    $PY -c "import dspark_kernels, pytest; print('import ok')"
+}
+
+envinfo() {
+    nvidia-smi || echo "nvidia-smi not available"
+    $PY - <<'PYEOF'
+import platform, torch, triton
+print("python", platform.python_version(), "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| triton", triton.__version__)
+print("cuda available:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device:", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0))
+PYEOF
+    git -C "$REPO" log -1 --oneline 2>/dev/null || true
+}
+
+tune() {
+    $PY -m dspark_kernels.autotune --out-dir "$OUT_DIR/autotune_configs"
+    local rc=$?
+    mkdir -p autotune/configs
+    cp -v "$OUT_DIR"/autotune_configs/*.json autotune/configs/ 2>/dev/null || true
+    return $rc
+}
+
+export -f envinfo install_pkg tune
+export PY OUT_DIR REPO
+step env 20 envinfo
+step install 45 install_pkg
+step kernel_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_verify_attention.py \
+    tests/test_draft_block_attention.py tests/test_rejection_sample.py tests/test_sequential_head.py \
+    tests/test_survival.py --junitxml "$OUT_DIR/kernel_tests.xml"
+step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
+    --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
+step autotune 170 tune
+step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
+
+{
+    echo "dspark-kernels GPU check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  total $(( $(date +%s) - START ))s"
+    echo "commit: $(git -C "$REPO" log -1 --oneline 2>/dev/null || echo unknown)"
+    grep -m1 '^device:' "$OUT_DIR/env.log" || echo "device: (none)"
+    grep -m1 '^python' "$OUT_DIR/env.log" || true
+    echo
+    echo "step            status                  time"
+    awk -F'\t' '{printf "%-15s %-23s %s\n", $1, $2, $3}' "$OUT_DIR/steps.tsv"
+    echo
+    echo "kernel tests: $(grep -E '(passed|failed|error)' "$OUT_DIR/kernel_tests.log" | tail -n 1)"
+    echo "perf:         $(grep -E '(passed|failed|error|skipped)' "$OUT_DIR/perf.log" | tail -n 1)"
+    echo "autotune:     $(grep -E 'wrote|no candidate' "$OUT_DIR/autotune.log" | tr '\n' ' ')"
+    echo "sps:          $(grep -E 'wrote' "$OUT_DIR/sps.log" | tr '\n' ' ')"
+    echo
+    echo "files:"
+    (cd "$OUT_DIR" && find . -type f | sort | sed 's/^\.\//  /')
+} > "$SUMMARY"
+cat "$SUMMARY"
+grep -qv $'\tok\t' "$OUT_DIR/steps.tsv" && exit 1
+exit 0

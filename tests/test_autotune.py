@@ -1,0 +1,181 @@
+"""Autotune: the launch-config store, the tuner's candidate selection, its CLI without a GPU, the GPU check script."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_kernels.autotune import store
+from dspark_kernels.autotune.tune import Trial, evaluate, forced_config, grid, merge_store, pick
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULTS = {"BLOCK_M": 16, "num_warps": 4}
+CUDA = torch.device("cuda", 0)  # constructing the device needs no GPU; launch_config only reads its type/index
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(store, "device_name", lambda index=0: "Fake GPU 9000")
+    return "Fake GPU 9000"
+
+
+def _write(dirpath: Path, gpu: str, ops: dict) -> Path:
+    path = store.config_path(gpu, dirpath)
+    path.write_text(json.dumps({"gpu": gpu, "driver": "1.0", "ops": ops}))
+    return path
+
+
+def test_store_round_trip(tmp_path, fake_gpu):
+    data = merge_store(None, fake_gpu, "555.1", {"op": {"decode": {"BLOCK_M": 32}, "default": {"num_warps": 8}}})
+    path = store.config_path(fake_gpu, tmp_path)
+    assert path.name == "Fake_GPU_9000.json"
+    path.write_text(json.dumps(data))
+    assert store.load_store(path) == data
+    assert store.launch_config("op", DEFAULTS, CUDA, "decode", tmp_path) == {"BLOCK_M": 32, "num_warps": 8}
+    assert store.launch_config("op", DEFAULTS, CUDA, "prefill", tmp_path) == {"BLOCK_M": 16, "num_warps": 8}
+    assert store.launch_config("other", DEFAULTS, CUDA, "decode", tmp_path) == DEFAULTS
+
+
+def test_unknown_gpu_and_cpu_get_defaults(tmp_path, fake_gpu):
+    _write(tmp_path, "Some Other GPU", {"op": {"default": {"BLOCK_M": 64}}})
+    assert store.launch_config("op", DEFAULTS, CUDA, config_dir=tmp_path) == DEFAULTS
+    _write(tmp_path, fake_gpu, {"op": {"default": {"BLOCK_M": 64}}})
+    assert store.launch_config("op", DEFAULTS, torch.device("cpu"), config_dir=tmp_path) == DEFAULTS
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"gpu": "x"}', "'ops' object"),
+        ('{"ops": {"op": [1]}}', "ops.op must map"),
+        ('{"ops": {"op": {"default": {"BLOCK_M": 0}}}}', "positive integers"),
+        ('{"ops": {"op": {"default": {"BLOCK_M": 16.0}}}}', "positive integers"),
+        ('{"ops": {"op": {"default": {"num_warps": true}}}}', "positive integers"),
+    ],
+)
+def test_malformed_store_rejected(tmp_path, fake_gpu, text, match):
+    path = store.config_path(fake_gpu, tmp_path)
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        store.launch_config("op", DEFAULTS, CUDA, config_dir=tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_merge_store_keeps_other_ops_and_validates():
+    old = {"gpu": "G", "driver": "1", "ops": {"a": {"default": {"X": 1}}, "b": {"decode": {"X": 2}}}}
+    new = merge_store(old, "G", "2", {"b": {"prefill": {"X": 3}}})
+    assert new == {"gpu": "G", "driver": "2",
+                   "ops": {"a": {"default": {"X": 1}}, "b": {"decode": {"X": 2}, "prefill": {"X": 3}}}}
+    with pytest.raises(ValueError, match="positive integers"):
+        merge_store(None, "G", "2", {"b": {"default": {"X": -1}}})
+
+
+def test_grid_starts_with_defaults_and_dedups():
+    cands = grid({"A": 1, "B": 2}, A=(1, 4), B=(2,))
+    assert cands == [{"A": 1, "B": 2}, {"A": 4, "B": 2}]
+
+
+def test_evaluate_rejects_mismatch_and_errors_and_picks_fastest():
+    outputs = {1: 10, 2: 11, 3: 10, 4: 10}  # candidate 2 computes the wrong answer; 5 does not compile
+    times = {1: 3.0, 2: 0.1, 3: 1.0, 4: 2.0}  # the wrong candidate would be the fastest if it were timed
+    timed = []
+
+    def run(cfg):
+        if cfg["K"] == 5:
+            raise RuntimeError("out of resources: shared memory\nmore lines")
+        timed.append(cfg["K"])
+        return outputs[cfg["K"]]
+
+    def bench(fn):
+        fn()
+        return times[timed[-1]]
+
+    trials = evaluate([{"K": k} for k in (1, 2, 3, 4, 5)], run, lambda out: None if out == 10 else f"got {out}",
+                      bench)
+    assert {t.config["K"]: t.status for t in trials} == {1: "ok", 2: "mismatch", 3: "ok", 4: "ok", 5: "error"}
+    assert "got 11" in trials[1].detail and trials[1].ms is None
+    assert trials[4].detail == "RuntimeError: out of resources: shared memory"
+    assert pick(trials).config == {"K": 3} and pick(trials).ms == 1.0
+
+
+def test_pick_none_when_nothing_passes_and_first_on_tie():
+    assert pick([Trial({"K": 1}, "error"), Trial({"K": 2}, "mismatch")]) is None
+    assert pick([Trial({"K": 1}, "ok", 1.0), Trial({"K": 2}, "ok", 1.0)]).config == {"K": 1}
+
+
+def test_check_exceptions_count_as_mismatch():
+    trials = evaluate([{"K": 1}], lambda cfg: None, lambda out: 1 / 0, lambda fn: 1.0)
+    assert trials[0].status == "mismatch" and "ZeroDivisionError" in trials[0].detail
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="needs the Triton interpreter")
+def test_forced_configs_on_a_real_kernel():
+    """verify_attention through the tuner's path: valid configs match the reference, a bad block size is an error."""
+    from dspark_kernels.ops import verify_attention
+    from tests.test_verify_attention import make_paged_batch
+
+    args = make_paged_batch([3, 2], [20, 9], 4, 2, 16, 8)
+    ref = verify_attention(*args, impl="torch")
+    seen = []
+    original = sys.modules["dspark_kernels.ops.verify_attention"].launch_config
+
+    def run(cfg):
+        with forced_config("dspark_kernels.ops.verify_attention", cfg):
+            seen.append(sys.modules["dspark_kernels.ops.verify_attention"].launch_config("verify_attention", {}, CUDA))
+            return verify_attention(*args, impl="triton")
+
+    def check(out):
+        return None if torch.allclose(out, ref, atol=1e-4, rtol=1e-4) else "mismatch"
+
+    cands = [{"BLOCK_M": 16, "BLOCK_N": 16}, {"BLOCK_M": 16, "BLOCK_N": 24}]  # 24: not a power of two
+    trials = evaluate(cands, run, check, lambda fn: 1.0)
+    assert [t.status for t in trials] == ["ok", "error"]
+    assert seen[0] == cands[0]
+    assert sys.modules["dspark_kernels.ops.verify_attention"].launch_config is original
+
+
+def test_cli_without_gpu_exits_2(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "dspark_kernels.autotune", "--quick", "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "no CUDA GPU" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_rejects_unknown_op():
+    proc = subprocess.run([sys.executable, "-m", "dspark_kernels.autotune", "--ops", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown op" in proc.stderr
+
+
+def test_gpu_check_script_syntax():
+    script = REPO / "perf" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    text = script.read_text()
+    for needle in ("TRITON_INTERPRET", "--junitxml", "--benchmark-json", "dspark_kernels.autotune",
+                   "dspark_kernels.engine.sps", "summary.txt", "autotune/configs", "autotune/sps"):
+        assert needle in text
+
+
+def test_sps_cli(tmp_path):
+    """The SPS profile CLI: exit 2 without a GPU by default; a CPU smoke run writes a loadable profile."""
+    from dspark_kernels.engine.sps import read_profile
+
+    cmd = [sys.executable, "-m", "dspark_kernels.engine.sps", "--out-dir", str(tmp_path)]
+    if not torch.cuda.is_available():
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and "no CUDA GPU" in proc.stderr
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd + ["--device", "cpu", "--max-batch", "5", "--context", "16", "--warmup", "0",
+                                 "--repeats", "1"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    prof = read_profile(tmp_path / "cpu__dspark_target.json")
+    assert prof.batch_sizes == (1, 2, 3, 4, 5) and prof.source == "measured"
