@@ -65,3 +65,22 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
     if int(c[-1]) != total:
         raise ValueError(f"{name}[-1] must equal the number of flattened rows ({total}), got {int(c[-1])}")
     return c
+
+
+def check_sampling_params(
+    temperature: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, r: int, device: torch.device
+) -> None:
+    """Per-request sampling parameters ``[R]``: temperature float32 >= 0 (0 = greedy), top_k int >= 0 (0 = off),
+    top_p float32 in (0, 1] (1 = off); top_k/top_p may be None."""
+    check_tensor("temperature", temperature, ndim=1, dtypes=(torch.float32,), device=device)
+    check_shape("temperature", temperature, (r,))
+    check_finite("temperature", temperature)
+    check_range("temperature", temperature, temperature >= 0, ">= 0")
+    if top_k is not None:
+        check_tensor("top_k", top_k, ndim=1, dtypes=INDEX_DTYPES, device=device)
+        check_shape("top_k", top_k, (r,))
+        check_range("top_k", top_k, top_k >= 0, ">= 0 (0 = off)")
+    if top_p is not None:
+        check_tensor("top_p", top_p, ndim=1, dtypes=(torch.float32,), device=device)
+        check_shape("top_p", top_p, (r,))
+        check_range("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")

@@ -40,6 +40,7 @@ from ._validate import (
     check_cu_seqlens,
     check_finite,
     check_range,
+    check_sampling_params,
     check_shape,
     check_tensor,
 )
@@ -320,18 +321,7 @@ def _validate(
     check_range("anchor_tokens", anchor_tokens, (anchor_tokens >= 0) & (anchor_tokens < v), f"in [0, {v})")
     _validate_weights(weights, v, hidden.shape[1], dev)
     check_finite("base_logits", base_logits)
-    check_tensor("temperature", temperature, ndim=1, dtypes=(torch.float32,), device=dev)
-    check_shape("temperature", temperature, (r,))
-    check_finite("temperature", temperature)
-    check_range("temperature", temperature, temperature >= 0, ">= 0")
-    if top_k is not None:
-        check_tensor("top_k", top_k, ndim=1, dtypes=INDEX_DTYPES, device=dev)
-        check_shape("top_k", top_k, (r,))
-        check_range("top_k", top_k, top_k >= 0, ">= 0 (0 = off)")
-    if top_p is not None:
-        check_tensor("top_p", top_p, ndim=1, dtypes=(torch.float32,), device=dev)
-        check_shape("top_p", top_p, (r,))
-        check_range("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")
+    check_sampling_params(temperature, top_k, top_p, r, dev)
     if uniforms is None:
         if bool((temperature > 0).any()):
             raise ValueError("uniforms is required when any request has temperature > 0")
