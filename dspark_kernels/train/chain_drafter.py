@@ -22,10 +22,8 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 from ..models import CausalLM, load_model
 from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
 from .drafter_data import target_outputs
-from .loop import run_training
+from .loop import add_optimiser_arguments, add_training_arguments, run_training, training_main
 from .rollouts import Rollouts, load_rollouts
 
 DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
@@ -128,26 +126,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature-layer", type=int, default=-1, help="target layer (-1 = last non-final layer)")
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--tv-weight", type=float, default=0.9)
-    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
-    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
-    p.add_argument("--work-dir", type=Path, default=None)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=8)
+    add_training_arguments(p)
     p.add_argument("--positions", type=int, default=128,
                    help="supervised positions sampled per sequence and step (0 = all; bounds the logits' memory)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
+    add_optimiser_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.work_dir is None:
-        args.work_dir = Path("data/drafter_runs") / args.name
-    print(json.dumps(train(args), indent=1, default=str))
+    training_main(build_parser(), train, argv)
 
 
 if __name__ == "__main__":

@@ -20,10 +20,8 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +29,7 @@ import torch.nn.functional as F
 from ..models import load_model
 from ..models.drafter import BlockDrafter, DrafterConfig
 from .drafter_data import DrafterBatch, make_batch
-from .loop import run_training
+from .loop import add_optimiser_arguments, add_training_arguments, run_training, training_main
 from .rollouts import load_rollouts
 from .tokenizer import MASK_ID
 
@@ -104,25 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4])
     p.add_argument("--mask-token-id", type=int, default=MASK_ID)
     p.add_argument("--gammas", type=int, nargs="+", default=[7, 15])
-    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
-    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
-    p.add_argument("--work-dir", type=Path, default=None)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=8)
+    add_training_arguments(p)
     p.add_argument("--anchors", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ckpt-every", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
+    add_optimiser_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.work_dir is None:
-        args.work_dir = Path("data/drafter_runs") / args.name
-    print(json.dumps(train(args), indent=1, default=str))
+    training_main(build_parser(), train, argv)
 
 
 if __name__ == "__main__":

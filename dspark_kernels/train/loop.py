@@ -64,3 +64,29 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
                "params": sum(p.numel() for p in drafter.parameters()), "args": vars(args)}
     (Path(args.out) / "train_summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     return summary
+
+
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every drafter trainer shares (the ones :func:`run_training` and the data loaders read)."""
+    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
+    p.add_argument("--work-dir", type=Path, default=None, help="default: data/drafter_runs/<name>")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch-size", type=int, default=8)
+
+
+def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true")
+
+
+def training_main(parser: argparse.ArgumentParser, train: Callable[[argparse.Namespace], dict],
+                  argv: list[str] | None) -> None:
+    """Parse, default the work directory to ``data/drafter_runs/<name>``, train, print the summary."""
+    args = parser.parse_args(argv)
+    if args.work_dir is None:
+        args.work_dir = Path("data/drafter_runs") / args.name
+    print(json.dumps(train(args), indent=1, default=str))
