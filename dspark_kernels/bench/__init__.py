@@ -1,4 +1,4 @@
-"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance,serving}``."""
+"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance,serving,peers}``."""
 
 from __future__ import annotations
 

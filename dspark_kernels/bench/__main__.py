@@ -2,7 +2,7 @@
 
 import argparse
 
-from . import acceptance, serving
+from . import acceptance, peers, serving
 
 
 def main() -> None:
@@ -10,8 +10,9 @@ def main() -> None:
     sub = parser.add_subparsers(dest="name", required=True)
     acceptance.add_arguments(sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0]))
     serving.add_arguments(sub.add_parser("serving", help=serving.__doc__.split("\n")[0]))
+    peers.add_arguments(sub.add_parser("peers", help=peers.__doc__.split("\n")[0]))
     args = parser.parse_args()
-    {"acceptance": acceptance.main, "serving": serving.main}[args.name](args)
+    {"acceptance": acceptance.main, "serving": serving.main, "peers": peers.main}[args.name](args)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,14 @@ class TargetTrainConfig:
     rope_theta: float = 10000.0
 
 
+# Model sizes the trainer knows. "assistant" is the small same-tokenizer model that the peer benchmark hands to
+# transformers' assisted generation (the classic "small draft model of the same family" baseline).
+SIZES = {
+    "target": {},
+    "assistant": {"hidden_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 384},
+}
+
+
 def make_hf_config(cfg: TargetTrainConfig, vocab_size: int):
     from transformers import Qwen3Config
 
@@ -129,7 +137,7 @@ def train(args: argparse.Namespace) -> None:
     from tqdm import tqdm
     from transformers import Qwen3ForCausalLM
 
-    cfg = TargetTrainConfig(max_steps=args.max_steps, seed=args.seed)
+    cfg = TargetTrainConfig(max_steps=args.max_steps, seed=args.seed, **SIZES[args.size])
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(args.tokenizer)
     train_texts = [t for d in TRAIN_DOMAINS for t in read_split(args.corpus, d, "train")]
@@ -151,7 +159,7 @@ def train(args: argparse.Namespace) -> None:
     print(f"params {n_params / 1e6:.2f}M, train blocks {train_data.shape[0]} x {cfg.seq_len}, resume at step {step}")
     log = open(work / "log.jsonl", "a")
     start = time.time()
-    bar = tqdm(total=cfg.max_steps, initial=step, desc="target", dynamic_ncols=True)
+    bar = tqdm(total=cfg.max_steps, initial=step, desc=args.size, dynamic_ncols=True)
     model.train()
     per_epoch = train_data.shape[0] // cfg.batch_size
 
@@ -202,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokenizer", type=Path, default=Path("dspark_kernels/assets/target/tokenizer.json"))
     p.add_argument("--work-dir", type=Path, default=Path("data/target_run"))
     p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--size", choices=sorted(SIZES), default="target",
+                   help="model size preset (assistant: 2 layers, hidden 128, for the peer benchmark)")
     p.add_argument("--max-steps", type=int, default=1500)
     p.add_argument("--max-minutes", type=float, default=110.0)
     p.add_argument("--eval-every", type=int, default=250)

@@ -1,0 +1,130 @@
+"""Peer comparison: the shipped target decoded by ``transformers`` and by us, greedy, side by side in one run.
+
+Methods (batch 1, temperature 0, the same prompts and ``--max-new-tokens``, EOS honoured by all):
+
+* ``hf_generate``: ``Qwen3ForCausalLM.generate`` (plain autoregressive decoding with the HF dynamic cache);
+* ``hf_assisted``: assisted generation with the shipped small same-tokenizer model (``assets/assistant``: 2 layers,
+  hidden 128, trained on the same corpus) as ``assistant_model``, transformers' default draft-length schedule;
+* ``hf_prompt_lookup``: prompt-lookup decoding (``prompt_lookup_num_tokens``, n-gram drafts copied from the context);
+* ``ar``: our runtime's plain decode (:func:`dspark_kernels.models.generate`);
+* one run per block/chain drafter named in ``--drafters`` (default: ``dspark``): our fixed-gamma speculative loop.
+
+Every method is warmed up once, then timed over all prompts; tokens/s = new tokens / wall seconds. ``identical_to_ar``
+says whether a method produced exactly our AR decode's tokens on every prompt (HF runs in float32 like ours; a greedy
+tie broken differently by a different kernel would show here, not be hidden).
+
+CLI: ``python -m dspark_kernels.bench peers --json results/peers.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..demo import PROMPTS
+from ..engine.speculative import speculative_generate
+from ..models import generate, load_model
+from ..models.drafter_api import load_drafter
+from ..train.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
+from . import ASSETS, device_record
+
+
+def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
+    """``{method: fn(prompt_ids) -> new token ids}`` for the transformers methods."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    common = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "eos_token_id": EOS_ID,
+              "pad_token_id": PAD_ID}
+    runs = {"hf_generate": {}}
+    if assistant_dir is not None:
+        assistant = AutoModelForCausalLM.from_pretrained(assistant_dir, dtype=torch.float32).eval()
+        runs["hf_assisted"] = {"assistant_model": assistant}
+    if lookup_tokens > 0:
+        runs["hf_prompt_lookup"] = {"prompt_lookup_num_tokens": lookup_tokens}
+
+    def make(extra):
+        @torch.no_grad()
+        def run(ids: list[int], max_new: int) -> list[int]:
+            x = torch.tensor([ids])
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, **common, **extra)
+            return out[0, len(ids):].tolist()
+        return run
+
+    return {name: make(extra) for name, extra in runs.items()}
+
+
+def run(args: argparse.Namespace) -> dict:
+    target = load_model(args.model)
+    tokenizer = load_tokenizer(args.model)
+    prompts = [[BOS_ID] + tokenizer.encode(t).ids for d in args.domains for t in PROMPTS[d]]
+    warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
+
+    methods = {}
+    assistant = args.assistant if args.assistant.exists() else None
+    if assistant is None:
+        print(f"no assistant model at {args.assistant}: hf_assisted skipped")
+    methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens))
+    methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
+    for name in args.drafters:
+        drafter = load_drafter(Path(args.drafter_dir) / name, target)
+        methods[name] = (lambda d: lambda ids, n: speculative_generate(
+            target, d, [ids], n, args.gamma, eos_token_id=EOS_ID, impl=args.impl).tokens[0])(drafter)
+
+    outputs, rows = {}, []
+    for name, fn in methods.items():
+        fn(warm, 8)
+        t0 = time.perf_counter()
+        outputs[name] = [fn(p, args.max_new_tokens) for p in prompts]
+        seconds = time.perf_counter() - t0
+        new = sum(len(o) for o in outputs[name])
+        rows.append({"method": name, "tokens_per_s": new / seconds, "new_tokens": new, "seconds": seconds})
+        print(f"{name:18s} {new / seconds:8.1f} tok/s  ({new} tokens, {seconds:.1f} s)", flush=True)
+    for row in rows:
+        row["identical_to_ar"] = outputs[row["method"]] == outputs["ar"]
+    best_hf = max((r for r in rows if r["method"].startswith("hf_")), key=lambda r: r["tokens_per_s"])
+    for row in rows:
+        row["vs_best_transformers"] = row["tokens_per_s"] / best_hf["tokens_per_s"]
+    return {"settings": {"max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "domains": args.domains,
+                         "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
+                         "batch_size": 1, "temperature": 0.0},
+            "device": device_record(), "best_transformers": best_hf["method"], "runs": rows}
+
+
+def markdown(result: dict) -> str:
+    lines = ["| method | tokens/s | new tokens | vs best transformers | identical to our AR |", "|---|---|---|---|---|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['method']} | {r['tokens_per_s']:.1f} | {r['new_tokens']} | "
+                     f"{r['vs_best_transformers']:.2f}x | {'yes' if r['identical_to_ar'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--assistant", type=Path, default=ASSETS / "assistant",
+                   help="small HF model for transformers' assisted generation")
+    p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
+    p.add_argument("--drafters", nargs="+", default=["dspark"], help="our drafters to run (shipped names)")
+    p.add_argument("--domains", nargs="+", choices=sorted(PROMPTS), default=sorted(PROMPTS))
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="0 skips prompt-lookup decoding")
+    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
+    p.add_argument("--json", type=Path, help="write the results here (and a markdown table next to it)")
+
+
+def main(args: argparse.Namespace) -> dict:
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    result = run(args)
+    table = markdown(result)
+    print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        args.json.with_suffix(".md").write_text(table)
+    return result
