@@ -4,7 +4,7 @@
 # Step timeouts sum to 465 s (+5 s kill grace each), so the whole check ends within 8 minutes.
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
 #   env (nvidia-smi, versions) -> kernel tests without the interpreter (junit xml) -> perf suite (benchmark json)
-#   -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
+#   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
 #   (output folder and autotune/sps/) -> summary.txt
 set -u
 cd "$(dirname "$0")/.."
@@ -75,7 +75,8 @@ step kernel_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_verify_atte
     tests/test_survival.py --junitxml "$OUT_DIR/kernel_tests.xml"
 step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
-step autotune 170 tune
+step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json"
+step autotune 160 tune
 step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
 
 {

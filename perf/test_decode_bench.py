@@ -1,0 +1,53 @@
+"""End-to-end decode: the shipped target alone (AR) vs speculative decoding with each shipped block/chain drafter.
+
+Batch 1, greedy, one code prompt, ``NEW`` tokens, the same process and the same thread count for every method, so the
+records compare side by side. ``extra_info`` adds the measured tokens/s, the target forwards (steps) and tau; the
+roofline figures are the target's weights read once per forward (``bytes``) and ``2 * params`` FLOPs per token the
+target processes (``flops``), which is what bounds the decode on a GPU.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import generate, load_model
+from dspark_kernels.models.drafter_api import load_drafter
+from dspark_kernels.train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
+from perf.roofline import record
+
+ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
+NEW, GAMMA = 48, 7
+PROMPT = "import os\n\n\ndef list_python_files(root):\n"
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = load_model(ASSETS / "target")
+    ids = [BOS_ID] + load_tokenizer(ASSETS / "target").encode(PROMPT).ids
+    return target, ids
+
+
+@pytest.mark.parametrize("method", ["ar", "dspark", "dflash", "eagle"])
+def test_decode(benchmark, models, method):
+    target, ids = models
+    params = sum(p.numel() for p in target.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    if method == "ar":
+        def run():
+            return generate(target, [ids], NEW, eos_token_id=EOS_ID)
+    else:
+        drafter = load_drafter(ASSETS / "drafters" / method, target)
+
+        def run():
+            return speculative_generate(target, drafter, [ids], NEW, GAMMA, eos_token_id=EOS_ID)
+
+    res = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
+    steps = res.steps
+    processed = len(ids) + (res.num_generated if method == "ar" else steps * (GAMMA + 1))
+    record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": GAMMA, "batch": 1},
+           bytes_moved=steps * weight_bytes, flops=2.0 * params * processed, impl="torch")
+    benchmark.extra_info.update({"steps": steps, "tau": getattr(res, "tau", 1.0), "threads": torch.get_num_threads()})
+    if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)
+        benchmark.extra_info["tokens_per_s"] = res.num_generated / benchmark.stats.stats.median
