@@ -94,7 +94,9 @@ def rejection_sample_ref(
     cu = cu_num_draft_tokens.long()
     lens, row_req, draft_req, draft_pos, draft_row = _ragged_maps(cu, n)
     greedy = temperature == 0
-    probs = target_probs_ref(
+    # no uniforms at all means every request is greedy (the op's contract): the target probabilities are not needed
+    all_greedy = accept_uniforms is None and sample_uniforms is None
+    probs = None if all_greedy else target_probs_ref(
         target_logits,
         temperature[row_req],
         top_k[row_req] if top_k is not None else None,
@@ -115,9 +117,12 @@ def rejection_sample_ref(
 
     final_row = cu[:-1] + torch.arange(r, device=dev) + num_acc
     rejected = num_acc < lens
-    w = _correction_weights(probs, draft_probs, x, rejected, final_row, cu[:-1] + num_acc)
-    u = sample_uniforms[final_row] if sample_uniforms is not None else torch.zeros(r, device=dev)
-    last_token = torch.where(greedy, argmax[final_row], inverse_cdf_ref(w, u))
+    if all_greedy:
+        last_token = argmax[final_row]
+    else:
+        w = _correction_weights(probs, draft_probs, x, rejected, final_row, cu[:-1] + num_acc)
+        u = sample_uniforms[final_row] if sample_uniforms is not None else torch.zeros(r, device=dev)
+        last_token = torch.where(greedy, argmax[final_row], inverse_cdf_ref(w, u))
 
     drafts_padded = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
     drafts_padded[draft_req, draft_pos] = x

@@ -134,13 +134,14 @@ def _draw(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``[B]`` and draft probabilities ``[B, V]`` of float32 ``logits [B, V]`` of requests ``req [B]``:
     greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw."""
+    argmax = logits.argmax(dim=1)
+    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
+    if u is None:  # no uniforms: every request is greedy (the op's contract), the filtered rows are not needed
+        return argmax, one_hot
     t = temperature[req]
     probs = target_probs_ref(
         logits, t, top_k[req] if top_k is not None else None, top_p[req] if top_p is not None else None
     )
     greedy = t == 0
-    argmax = logits.argmax(dim=1)
-    sampled = inverse_cdf_ref(probs, u) if u is not None else argmax
-    token = torch.where(greedy, argmax, sampled)
-    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
+    token = torch.where(greedy, argmax, inverse_cdf_ref(probs, u))
     return token, torch.where(greedy[:, None], one_hot, probs)
