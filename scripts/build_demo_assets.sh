@@ -2,10 +2,13 @@
 # Rebuild every shipped demo asset from scratch on a CPU machine (no network): corpus, tokenizer, target, model card,
 # rollouts, the five drafters, calibration, and the acceptance benchmark. Each step is resumable on its own; the
 # commands are the ones the model card quotes. Set STEPS_TARGET / STEPS_DRAFTER / N_ROLLOUTS to trade time for quality.
+# The shipped drafters were trained for STEPS_DRAFTER_FIRST steps, then resumed to STEPS_DRAFTER with the cosine
+# schedule recomputed over the longer run (a warm restart); both calls are below, the same for every drafter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS_TARGET=${STEPS_TARGET:-1400}
-STEPS_DRAFTER=${STEPS_DRAFTER:-300}
+STEPS_DRAFTER_FIRST=${STEPS_DRAFTER_FIRST:-300}
+STEPS_DRAFTER=${STEPS_DRAFTER:-1000}
 N_ROLLOUTS=${N_ROLLOUTS:-1024}
 A=dspark_kernels/assets
 
@@ -16,15 +19,22 @@ python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/targe
 python -m dspark_kernels.train.model_card --model $A/target --corpus data/corpus
 python -m dspark_kernels.train.rollouts --model $A/target --split train --num-prompts "$N_ROLLOUTS"
 python -m dspark_kernels.train.rollouts --model $A/target --split heldout --num-prompts 256
+# the small same-tokenizer model that `bench peers` gives transformers' assisted generation
+python -m dspark_kernels.train.target --size assistant --corpus data/corpus --work-dir data/assistant_run \
+    --out $A/assistant --max-steps 600 --eval-every 200 --resume
 
 train_block() {  # name, extra args
     local name=$1; shift
-    python -m dspark_kernels.train.drafter --name "$name" --steps "$STEPS_DRAFTER" --out $A/drafters/"$name" --resume "$@"
+    for steps in "$STEPS_DRAFTER_FIRST" "$STEPS_DRAFTER"; do
+        python -m dspark_kernels.train.drafter --name "$name" --steps "$steps" --out $A/drafters/"$name" --resume "$@"
+    done
 }
 train_chain() {
     local name=$1; shift
-    python -m dspark_kernels.train.chain_drafter --name "$name" --steps "$STEPS_DRAFTER" --out $A/drafters/"$name" \
-        --resume "$@"
+    for steps in "$STEPS_DRAFTER_FIRST" "$STEPS_DRAFTER"; do
+        python -m dspark_kernels.train.chain_drafter --name "$name" --steps "$steps" --out $A/drafters/"$name" \
+            --resume "$@"
+    done
 }
 train_block dspark --head vanilla --rank 64
 train_block dflash --loss dflash --rank 0

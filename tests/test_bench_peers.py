@@ -1,0 +1,27 @@
+"""``python -m dspark_kernels.bench peers``: transformers' generate / assisted / prompt-lookup vs our AR and DSpark.
+
+A tiny run (code prompts, 6 new tokens) checks the JSON contract and that greedy decoding agrees across the
+implementations: transformers' plain generate and our speculative decode must both reproduce our AR tokens.
+"""
+
+import argparse
+import json
+
+from dspark_kernels.bench import ASSETS, peers
+
+
+def test_peers_tiny_run(tmp_path):
+    out = tmp_path / "peers.json"
+    args = argparse.Namespace(model=ASSETS / "target", assistant=ASSETS / "assistant", drafter_dir=ASSETS / "drafters",
+                              drafters=["dspark"], domains=["code"], max_new_tokens=6, gamma=4,
+                              prompt_lookup_tokens=3, impl=None, json=out)
+    peers.main(args)
+    result = json.loads(out.read_text())
+    runs = {r["method"]: r for r in result["runs"]}
+    assert set(runs) == {"hf_generate", "hf_assisted", "hf_prompt_lookup", "ar", "dspark"}
+    for r in runs.values():
+        assert set(r) >= {"method", "tokens_per_s", "new_tokens", "identical_to_ar"}
+        assert r["tokens_per_s"] > 0 and r["new_tokens"] == runs["ar"]["new_tokens"]
+    assert runs["dspark"]["identical_to_ar"] and runs["hf_generate"]["identical_to_ar"]
+    assert result["best_transformers"].startswith("hf_")
+    assert out.with_suffix(".md").read_text().count("\n") == 2 + len(runs)
