@@ -132,14 +132,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=Path("results/acceptance.json"))
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="do not run: combine these result JSONs (e.g. drafters split over processes) into --json")
+
+
+def merge(paths: list[Path]) -> dict:
+    """One result dict from several runs with the same settings (their ``results`` concatenated)."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    for p, other in zip(paths[1:], runs[1:]):
+        if other["settings"] != runs[0]["settings"]:
+            raise ValueError(f"--merge: {p} was run with settings {other['settings']}, "
+                             f"{paths[0]} with {runs[0]['settings']}")
+    return {**runs[0], "results": [r for run in runs for r in run["results"]]}
 
 
 def main(args: argparse.Namespace) -> None:
     from ..train.corpus import build_corpus
 
-    if not (Path(args.corpus) / "manifest.json").exists():
-        build_corpus(Path(args.corpus))
-    data = run(args)
+    if args.merge:
+        data = merge(args.merge)
+    else:
+        if not (Path(args.corpus) / "manifest.json").exists():
+            build_corpus(Path(args.corpus))
+        data = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(data, indent=1) + "\n")
     table = summary_table(data)

@@ -1,0 +1,34 @@
+"""Acceptance benchmark outputs: merging split runs, the markdown table and the plot (synthetic results)."""
+
+import json
+
+import pytest
+
+from dspark_kernels.bench import acceptance
+
+
+def _run(path, drafter, taus, settings=None):
+    results = [{"domain": d, "drafter": drafter, "temperature": 1.0, "gamma": 3, "tau": t,
+                "acceptance_by_position": [0.5, 0.4, 0.3], "num_prompts": 2, "num_rounds": 10}
+               for d, t in zip(("code", "prose"), taus)]
+    path.write_text(json.dumps({"benchmark": "acceptance", "settings": settings or {"num_prompts": 2},
+                                "results": results}))
+    return path
+
+
+def test_merge_table_and_plot(tmp_path):
+    a = _run(tmp_path / "a.json", "dspark", [2.0, 3.0])
+    b = _run(tmp_path / "b.json", "eagle", [1.5, 2.5])
+    data = acceptance.merge([a, b])
+    assert [r["drafter"] for r in data["results"]] == ["dspark", "dspark", "eagle", "eagle"]
+    table = acceptance.summary_table(data)
+    assert "| dspark | 1 | 3 | 2.00 | 3.00 | 2.50 |" in table and "| eagle | 1 | 3 | 1.50 | 2.50 | 2.00 |" in table
+    acceptance.plot(data, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_merge_rejects_different_settings(tmp_path):
+    a = _run(tmp_path / "a.json", "dspark", [2.0, 3.0])
+    b = _run(tmp_path / "b.json", "eagle", [1.5, 2.5], settings={"num_prompts": 3})
+    with pytest.raises(ValueError, match="settings"):
+        acceptance.merge([a, b])
