@@ -40,6 +40,21 @@ def _run_spec(target, drafter, prompt, args, on_tokens=None):
                                 impl=args.impl, on_tokens=on_tokens)
 
 
+def _rows(totals: dict, identical: dict | None) -> list[dict]:
+    """tokens/s, tau and speedup over AR of every method from its summed tokens, seconds and rounds."""
+    ar_tps = totals["ar"]["tokens"] / totals["ar"]["seconds"]
+    rows = [{"method": "ar", "tokens_per_s": ar_tps, "tau": 1.0, "new_tokens": totals["ar"]["tokens"],
+             "speedup": 1.0}]
+    for name, t in totals.items():
+        if name == "ar":
+            continue
+        tps = t["tokens"] / t["seconds"]
+        rows.append({"method": name, "tokens_per_s": tps, "tau": t["emitted"] / max(t["rounds"], 1),
+                     "new_tokens": t["tokens"], "speedup": tps / ar_tps,
+                     "identical_to_ar": identical[name] if identical is not None else None})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.demo", description=__doc__.split("\n")[0])
     p.add_argument("--prompt", help="decode only this prompt (default: built-in prompts per domain)")
@@ -69,43 +84,42 @@ def main(argv: list[str] | None = None) -> dict:
     for drafter in methods.values():
         _run_spec(target, drafter, warm, args)
 
-    totals = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
     identical = {m: True for m in methods}
     items = [(d, text) for d, texts in prompts.items() for text in texts]
+    # totals[domain][method]: tokens, seconds, rounds, emitted (tau * rounds); domain "all" sums every prompt
+    totals = {d: {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
+              for d in ("all", *prompts)}
     for k, (domain, text) in enumerate(items, 1):
         ids = [BOS_ID] + tokenizer.encode(text).ids
         print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
         sys.stdout.write(text)
         ar = _run_ar(target, ids, args)
-        totals["ar"]["tokens"] += ar.num_generated
-        totals["ar"]["seconds"] += ar.elapsed_s
+        for d in ("all", domain):
+            totals[d]["ar"]["tokens"] += ar.num_generated
+            totals[d]["ar"]["seconds"] += ar.elapsed_s
         for name, drafter in methods.items():
             stream = (lambda i, toks: (sys.stdout.write(tokenizer.decode(toks)), sys.stdout.flush())) \
                 if name == "dspark" else None
             res = _run_spec(target, drafter, ids, args, on_tokens=stream)
-            t = totals[name]
-            t["tokens"] += res.num_generated
-            t["seconds"] += res.elapsed_s
-            t["rounds"] += res.rounds
-            t["emitted"] += res.tau * res.rounds
+            for d in ("all", domain):
+                t = totals[d][name]
+                t["tokens"] += res.num_generated
+                t["seconds"] += res.elapsed_s
+                t["rounds"] += res.rounds
+                t["emitted"] += res.tau * res.rounds
             identical[name] &= res.tokens == ar.tokens
         print(f"\n    [AR {ar.num_generated / ar.elapsed_s:.0f} tok/s]\n")
 
-    ar_tps = totals["ar"]["tokens"] / totals["ar"]["seconds"]
-    runs = [{"method": "ar", "tokens_per_s": ar_tps, "tau": 1.0, "new_tokens": totals["ar"]["tokens"],
-             "speedup": 1.0}]
-    for name in methods:
-        t = totals[name]
-        tps = t["tokens"] / t["seconds"]
-        runs.append({"method": name, "tokens_per_s": tps, "tau": t["emitted"] / max(t["rounds"], 1),
-                     "new_tokens": t["tokens"], "speedup": tps / ar_tps,
-                     "identical_to_ar": identical[name] if args.temperature == 0 else None})
-    print(f"{'method':8s} {'tokens/s':>9s} {'tau':>6s} {'speedup':>8s}  identical to AR")
-    for r in runs:
-        same = "-" if r["method"] == "ar" or r.get("identical_to_ar") is None else str(r["identical_to_ar"])
-        print(f"{r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
+    runs = _rows(totals["all"], identical if args.temperature == 0 else None)
+    by_domain = [{"domain": d, **row} for d in prompts for row in _rows(totals[d], None)]
+    print(f"{'domain':8s} {'method':8s} {'tokens/s':>9s} {'tau':>6s} {'speedup':>8s}  identical to AR")
+    for d, rows in [("all", runs)] + [(d, [r for r in by_domain if r["domain"] == d]) for d in prompts]:
+        for r in rows:
+            same = "-" if r["method"] == "ar" or r.get("identical_to_ar") is None else str(r["identical_to_ar"])
+            print(f"{d:8s} {r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
     out = {"settings": {"gamma": args.gamma, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                        "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads()}, "runs": runs}
+                        "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads()}, "runs": runs,
+           "by_domain": by_domain}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")
