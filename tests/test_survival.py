@@ -300,6 +300,12 @@ def test_sps_profile_round_trip(tmp_path):
     assert prof.as_table(100).numel() == 9
 
 
+def test_sps_table_never_rises_with_batch():
+    # a noisy measurement (B = 2 slower than B = 3) reads as B = 2 padded into the faster B = 3 run
+    prof = SPSProfile("cpu", "m", (1, 2, 3, 4, 6), ((100.0, 93.0, 97.0, 95.0, 80.0),))
+    assert prof.as_table(6).tolist() == [100.0, 100.0, 97.0, 97.0, 95.0, 80.0, 80.0]
+
+
 def test_sps_profile_context_buckets(tmp_path):
     prof = SPSProfile("A100", "m", (1, 2), ((50.0, 40.0), (20.0, 15.0)), context_buckets=(1024, 8192))
     assert read_profile(prof.save(tmp_path)) == prof

@@ -4,9 +4,9 @@ Two modes, same outputs:
 
 * ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
   shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded); time is
-  wall clock on this machine. The SPS profile is loaded from ``autotune/sps/`` when present for this device and
-  model, else measured here with ``profile_target`` (one request with a ``--prompt-len`` context, a verify forward of
-  B tokens, then rolled back) and saved.
+  wall clock on this machine. The SPS profile (model key ``<target>+<drafter>``) is loaded from ``autotune/sps/`` when
+  present for this device, else measured here by :func:`measure_profile` (one request with a ``--prompt-len``
+  context: a draft round, then a verify forward of B tokens, rolled back) and saved.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..engine._common import features_of
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -54,17 +55,31 @@ def device_name() -> str:
     return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
 
 
-def measure_profile(target, max_tokens: int, context: int, model: str) -> SPSProfile:
-    """``profile_target`` for ``target``: one request holding ``context`` tokens verifies B tokens (then rolled
-    back), at every B = 1..``max_tokens``. Every size is measured: a sparse profile would read as a staircase whose
-    first token past each measured size never pays, and Algorithm 1 would stop there."""
-    cache = target.new_cache(-(-(context + max_tokens) // 16), 16)
+def measure_profile(target, drafter, max_tokens: int, context: int, gamma: int, model: str) -> SPSProfile:
+    """The engine step's rate for ``target`` + ``drafter`` at every verify batch B = 1..``max_tokens``: one request
+    holding ``context`` tokens drafts ``gamma`` tokens (T = 1), then the target verifies B tokens (rolled back).
+
+    The drafter's round is part of the step the scheduler pays for (the paper's SPS is the engine's throughput), and
+    is already spent when Algorithm 1 chooses B; on a GPU it is a small share, on this CPU about a third of a round.
+    Every size is measured: a sparse profile would read as a staircase whose first token past each measured size never
+    pays, and Algorithm 1 would stop there.
+    """
+    pages = -(-(context + max_tokens + gamma + 1) // 16)
+    cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
     cache.add_request(0)
+    drafter.add_request(dstate, 0)
     dev = target.device
-    target(torch.ones(context, dtype=torch.int64, device=dev), torch.tensor([0, context], dtype=torch.int32,
-                                                                           device=dev), [0], cache)
+    ids = torch.ones(context, dtype=torch.int64, device=dev)
+    cu = torch.tensor([0, context], dtype=torch.int32, device=dev)
+    layers = tuple(drafter.feature_layers)
+    fwd = target(ids, cu, [0], cache, hidden_layers=layers)
+    drafter.extend(dstate, [0], ids, features_of(fwd.hidden_states, layers), cu)
+    anchor, ones = torch.ones(1, dtype=torch.int64, device=dev), torch.ones(1, device=dev)
+    no_top_k = torch.zeros(1, dtype=torch.int32, device=dev)
+    uniforms = torch.rand(gamma, generator=torch.Generator().manual_seed(0)).to(dev)
 
     def step(b: int) -> None:
+        drafter.draft(dstate, [0], anchor, gamma, ones, no_top_k, ones, uniforms)
         target(torch.ones(b, dtype=torch.int64, device=dev), torch.tensor([0, b], dtype=torch.int32, device=dev),
                [0], cache, check_inputs=False)
         cache.rollback(0, b)
@@ -94,12 +109,12 @@ def _temperatures(drafter_dir: Path, gamma: int) -> torch.Tensor | None:
 
 
 def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
-    model = Path(args.model).name
+    model = f"{Path(args.model).name}+{Path(args.drafter).name}"  # the step includes this drafter's round
     max_c = max(args.concurrency)
     try:
         profile, where = load_profile(device_name(), model, args.sps_dir), "loaded"
     except FileNotFoundError:
-        profile = measure_profile(target, max_c * (args.gamma + 1), args.prompt_len, model)
+        profile = measure_profile(target, drafter, max_c * (args.gamma + 1), args.prompt_len, args.gamma, model)
         where = f"measured, saved to {profile.save(args.sps_dir)}"
     points = []
     for name in args.policies:

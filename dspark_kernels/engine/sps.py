@@ -104,23 +104,29 @@ class SPSProfile:
         return self.steps_per_s[-1]
 
     def as_table(self, max_tokens: int, context_len: int | None = None) -> torch.Tensor:
-        """The scheduler's ``sps_table`` ``[Bmax + 1]`` float32, index B, kept as measured (no smoothing).
+        """The scheduler's ``sps_table`` ``[Bmax + 1]`` float32, index B.
 
-        A B between two measured sizes takes the value of the next measured size >= B (the padded CUDA-graph
-        bucket it would run in). ``Bmax = min(max_tokens, last measured B)``: nothing is extrapolated past the
-        profiled range, so the returned table can be shorter than requested and the scheduler never admits a
-        batch larger than was measured. Entry 0 (unused) repeats entry 1.
+        A batch of B tokens can always run padded to any measured size b >= B (the padded CUDA-graph bucket), so
+        ``table[B]`` is the best rate among the measured sizes >= B. For a staircase measured on a GPU this is the
+        next bucket's rate; it also means that a measured rate which dips below a larger size's (timing noise on a
+        busy host) does not make the table rise with B, which Algorithm 1's first-non-improvement stop would read as
+        a wall. ``Bmax = min(max_tokens, last measured B)``: nothing is extrapolated past the profiled range, so the
+        returned table can be shorter than requested and the scheduler never admits a batch larger than was
+        measured. Entry 0 (unused) repeats entry 1.
         """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         row = self._row(context_len)
         bmax = min(max_tokens, self.batch_sizes[-1])
+        best_from = list(row)  # best_from[i] = max rate over measured sizes i, i + 1, ...
+        for i in range(len(best_from) - 2, -1, -1):
+            best_from[i] = max(best_from[i], best_from[i + 1])
         table = torch.empty(bmax + 1, dtype=torch.float32)
         i = 0
         for b in range(1, bmax + 1):
             while self.batch_sizes[i] < b:
                 i += 1
-            table[b] = row[i]
+            table[b] = best_from[i]
         table[0] = table[1]
         return table
 
