@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dspark_kernels.adapters import pack_verified_drafts, rejection_sample_vllm, schedule_verify_lens_topk
-from dspark_kernels.engine._common import DRAFT_NOISE_STREAM, Sampling, features_of, finish_reason, prefill
+from dspark_kernels.engine import DRAFT_NOISE_STREAM, Sampling, features_of, finish_reason, prefill
 from dspark_kernels.noise import uniform_noise
 
 ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine._common import features_of
+from ..engine import features_of
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep

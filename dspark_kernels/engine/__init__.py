@@ -1,8 +1,15 @@
-"""Serving engine: the SPS (steps/s) profile, verify-length policies, the continuous-batching engine, replay."""
+"""Serving engine: the SPS (steps/s) profile, verify-length policies, the continuous-batching engine, replay.
 
+The step's building blocks (:class:`Sampling`, :func:`prefill`, :func:`draft`, :func:`verify_round`,
+:func:`features_of`, :func:`finish_reason`) are exported for engines that drive their own loop
+(see ``examples/engine_step.py``).
+"""
+
+from ._common import DRAFT_NOISE_STREAM, Sampling, draft, features_of, finish_reason, prefill, verify_round
 from .engine import Engine, run_closed_loop
 from .policies import POLICY_NAMES, make_policy
 from .sps import SPSProfile, analytic_roofline, load_profile, profile_path, profile_target, read_profile
 
-__all__ = ["POLICY_NAMES", "Engine", "SPSProfile", "analytic_roofline", "load_profile", "make_policy",
-           "profile_path", "profile_target", "read_profile", "run_closed_loop"]
+__all__ = ["DRAFT_NOISE_STREAM", "POLICY_NAMES", "Engine", "SPSProfile", "Sampling", "analytic_roofline", "draft",
+           "features_of", "finish_reason", "load_profile", "make_policy", "prefill", "profile_path", "profile_target",
+           "read_profile", "run_closed_loop", "verify_round"]
