@@ -1,5 +1,5 @@
-"""Triton building blocks shared by the attention kernels: GQA-packed query tiles, the online-softmax update, the
-output store."""
+"""Triton building blocks shared by the attention kernels: GQA-packed query tiles, paged K/V tiles, the online-softmax
+update, the output store."""
 
 import triton
 import triton.language as tl
@@ -39,6 +39,25 @@ def gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP: tl.c
     if DOT_F32:
         q = q.to(tl.float32)
     return q, tok, head, row_ok, d, d_ok
+
+
+@triton.jit
+def paged_kv_tile(K, V, PT, r, stride_pt, n, n_ok, kvh, d, d_ok, stride_kp, stride_ks, stride_kh, stride_vp,
+                  stride_vs, stride_vh, PAGE_SIZE: tl.constexpr, DOT_F32: tl.constexpr):
+    """Gather the keys and values of request ``r``'s cached positions ``n [BLOCK_N]`` (masked by ``n_ok``) for KV head
+    ``kvh`` from the paged cache ``[pages, PAGE_SIZE, Hkv, D]`` through its page-table row; ``(k, v) [BLOCK_N,
+    BLOCK_D]``, upcast to fp32 when ``DOT_F32``."""
+    page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+    slot = (n % PAGE_SIZE).to(tl.int64)
+    kv_mask = n_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
+                mask=kv_mask, other=0.0)
+    v = tl.load(V + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
+                mask=kv_mask, other=0.0)
+    if DOT_F32:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
 
 
 @triton.jit

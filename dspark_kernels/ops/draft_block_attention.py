@@ -24,7 +24,7 @@ import triton.language as tl
 from ..autotune.store import launch_config
 from ..reference.draft_block_attention import draft_block_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
-from ._flash import gqa_query_tile, online_softmax_step, store_output_tile
+from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton"]
@@ -75,16 +75,8 @@ def _draft_block_attention_kernel(
     for start in range(0, ctx_len, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < ctx_len
-        page = tl.load(PT + r * stride_pt + n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-        slot = (n % PAGE_SIZE).to(tl.int64)
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(KC + page[:, None] * stride_kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :],
-                    mask=kv_mask, other=0.0)
-        v = tl.load(VC + page[:, None] * stride_vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :],
-                    mask=kv_mask, other=0.0)
-        if DOT_F32:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = paged_kv_tile(KC, VC, PT, r, stride_pt, n, n_ok, kvh, d, d_ok, stride_kp, stride_ks, stride_kh,
+                             stride_vp, stride_vs, stride_vh, PAGE_SIZE, DOT_F32)
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
     for start in range(0, q_len, BLOCK_N):
