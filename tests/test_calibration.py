@@ -240,18 +240,13 @@ def test_split_by_request_is_disjoint_and_by_request():
 
 
 def test_cli_end_to_end_on_a_tiny_model(tmp_path, capsys):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from dspark_kernels.models import load_model
     from dspark_kernels.models.drafter import BlockDrafter, DrafterConfig
     from dspark_kernels.train.rollouts import Rollouts, save_rollouts
+    from tests.tiny_models import save_tiny_qwen3
 
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)
-    hf = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(30.0)  # peaky target: varied acceptance
-    hf.save_pretrained(tmp_path / "target")
+    save_tiny_qwen3(tmp_path / "target", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3,
+                    num_heads=2, num_kv_heads=1, peak=30.0)  # peaky target: varied acceptance
     target = load_model(tmp_path / "target")
     dcfg = DrafterConfig(feature_layers=(0, 1), mask_token_id=3, vocab_size=64, hidden_size=32, num_layers=1,
                          gamma=7, head_kind="vanilla", markov_rank=4)

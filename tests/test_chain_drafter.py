@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
@@ -19,6 +18,7 @@ from dspark_kernels.train.chain_drafter import chain_loss, make_chain_batch
 from dspark_kernels.train.drafter_data import target_outputs
 from dspark_kernels.train.rollouts import Rollouts
 from tests.lossless import assert_follows_target
+from tests.tiny_models import save_tiny_qwen3
 
 VOCAB = 96
 
@@ -26,14 +26,7 @@ VOCAB = 96
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-    hf = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(40.0)  # peaky next-token distributions: strong statistical tests, varied acceptance
-    path = tmp_path_factory.mktemp("target")
-    hf.save_pretrained(path)
-    return load_model(path)
+    return load_model(save_tiny_qwen3(tmp_path_factory.mktemp("target"), vocab_size=VOCAB))
 
 
 def make_drafter(target, max_steps=4, seed=1, name="eagle"):

@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
@@ -18,6 +17,7 @@ from dspark_kernels.train.drafter import drafter_loss
 from dspark_kernels.train.drafter_data import make_batch, target_outputs
 from dspark_kernels.train.rollouts import Rollouts
 from tests.lossless import assert_follows_target
+from tests.tiny_models import save_tiny_qwen3
 
 VOCAB, MASK = 96, 3
 
@@ -25,14 +25,7 @@ VOCAB, MASK = 96, 3
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
-    hf = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        hf.lm_head.weight.mul_(40.0)  # peaky next-token distributions: strong statistical tests, varied acceptance
-    path = tmp_path_factory.mktemp("target")
-    hf.save_pretrained(path)
-    return load_model(path)
+    return load_model(save_tiny_qwen3(tmp_path_factory.mktemp("target"), vocab_size=VOCAB))
 
 
 def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1):

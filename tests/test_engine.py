@@ -156,16 +156,12 @@ def test_bad_inputs_raise_clear_errors(target, drafter, traces, tmp_path):  # no
 def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     import argparse
 
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from dspark_kernels.bench import serving
     from dspark_kernels.models import load_model
+    from tests.tiny_models import save_tiny_qwen3
 
     torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(Qwen3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                      tie_word_embeddings=False))
-    hf.save_pretrained(tmp_path / "target")
+    save_tiny_qwen3(tmp_path / "target", vocab_size=VOCAB, peak=1)
     make_drafter(load_model(tmp_path / "target")).save(tmp_path / "drafter")
     parser = argparse.ArgumentParser()
     serving.add_arguments(parser)
