@@ -58,6 +58,14 @@ def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
     return {name: make(extra) for name, extra in runs.items()}
 
 
+def _speculative_runner(target, drafter, args: argparse.Namespace):
+    """``fn(prompt_ids, max_new) -> new token ids`` with our fixed-gamma speculative loop, greedy."""
+    def run(ids: list[int], max_new: int) -> list[int]:
+        return speculative_generate(target, drafter, [ids], max_new, args.gamma, eos_token_id=EOS_ID,
+                                    impl=args.impl).tokens[0]
+    return run
+
+
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model)
     tokenizer = load_tokenizer(args.model)
@@ -71,9 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens))
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
     for name in args.drafters:
-        drafter = load_drafter(Path(args.drafter_dir) / name, target)
-        methods[name] = (lambda d: lambda ids, n: speculative_generate(
-            target, d, [ids], n, args.gamma, eos_token_id=EOS_ID, impl=args.impl).tokens[0])(drafter)
+        methods[name] = _speculative_runner(target, load_drafter(Path(args.drafter_dir) / name, target), args)
 
     outputs, rows = {}, []
     for name, fn in methods.items():

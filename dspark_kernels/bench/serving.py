@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine import features_of
+from ..engine import Sampling, draft, prefill
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -69,17 +69,11 @@ def measure_profile(target, drafter, max_tokens: int, context: int, gamma: int, 
     cache.add_request(0)
     drafter.add_request(dstate, 0)
     dev = target.device
-    ids = torch.ones(context, dtype=torch.int64, device=dev)
-    cu = torch.tensor([0, context], dtype=torch.int32, device=dev)
-    layers = tuple(drafter.feature_layers)
-    fwd = target(ids, cu, [0], cache, hidden_layers=layers)
-    drafter.extend(dstate, [0], ids, features_of(fwd.hidden_states, layers), cu)
-    anchor, ones = torch.ones(1, dtype=torch.int64, device=dev), torch.ones(1, device=dev)
-    no_top_k = torch.zeros(1, dtype=torch.int32, device=dev)
-    uniforms = torch.rand(gamma, generator=torch.Generator().manual_seed(0)).to(dev)
+    sampling = Sampling.of([1.0], [0], [1.0], [0], [0], dev)
+    anchor = torch.tensor(prefill(target, drafter, cache, dstate, [0], [[1] * context], sampling), device=dev)
 
     def step(b: int) -> None:
-        drafter.draft(dstate, [0], anchor, gamma, ones, no_top_k, ones, uniforms)
+        draft(drafter, dstate, [0], anchor, gamma, sampling)
         target(torch.ones(b, dtype=torch.int64, device=dev), torch.tensor([0, b], dtype=torch.int32, device=dev),
                [0], cache, check_inputs=False)
         cache.rollback(0, b)
