@@ -49,10 +49,11 @@ class SequentialHeadResult(NamedTuple):
 
 
 def _latent_step(
-    weights: SequentialHeadWeights, e: torch.Tensor, h: torch.Tensor, state: torch.Tensor | None
+    weights: SequentialHeadWeights, e: torch.Tensor, h: torch.Tensor | None, state: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One slot of the head before ``w2``: ``(lat [B, r], new state [B, r] | None)`` from the Markov embedding
-    ``e [B, r]``, the hidden state ``h [B, d]`` and (rnn) the previous state ``[B, r]``; float32 weights."""
+    ``e [B, r]``, the hidden state ``h [B, d]`` (``None`` for kind "vanilla", which ignores it) and (rnn) the
+    previous state ``[B, r]``; float32 weights."""
     if weights.kind == "vanilla":
         return e, state
     if weights.kind == "gated":
@@ -86,37 +87,55 @@ def sequential_head_ref(
 ) -> SequentialHeadResult:
     """Draft every request's slots left to right; shapes as in :func:`dspark_kernels.ops.sequential_head`.
 
-    Inputs are assumed valid. At slot k only the requests with more than k slots take part.
+    Inputs are assumed valid. At slot k only the requests with more than k slots take part. The confidence logits
+    (which depend on the previous token, not on the state) and, when every request is greedy (no uniforms), the
+    one-hot draft rows are computed for all slots at once after the loop.
     """
     n, v = base_logits.shape
     dev = base_logits.device
     weights = _as_float32(weights)
     cu = cu_num_draft_tokens.long()
-    lens = cu[1:] - cu[:-1]
+    starts, lens = cu[:-1], cu[1:] - cu[:-1]
     r = lens.numel()
     rank = weights.w1.shape[1] if weights.kind != "none" else 0
+    needs_h = weights.kind in ("gated", "rnn")
     tokens = torch.zeros(n, dtype=torch.int64, device=dev)
-    probs = torch.zeros(n, v, dtype=torch.float32, device=dev)
-    conf = torch.zeros(n, dtype=torch.float32, device=dev)
+    probs = None if uniforms is None else torch.zeros(n, v, dtype=torch.float32, device=dev)
     prev = anchor_tokens.long().clone()
     state = torch.zeros(r, rank, dtype=torch.float32, device=dev)
-    for k in range(int(lens.max()) if r else 0):
-        req = (lens > k).nonzero().squeeze(1)
-        rows = cu[req] + k
-        h = hidden[rows].float()
+    every = torch.arange(r, device=dev)
+    min_len, max_len = (int(lens.min()), int(lens.max())) if r else (0, 0)
+    for k in range(max_len):
+        req = every if k < min_len else (lens > k).nonzero().squeeze(1)
+        rows = starts[req] + k
         logits = base_logits[rows].float()
-        e = None
         if weights.kind != "none":
             e = weights.w1[prev[req]]
-            lat, new_state = _latent_step(weights, e, h, state[req])
+            lat, new_state = _latent_step(weights, e, hidden[rows].float() if needs_h else None, state[req])
             if new_state is not None:
                 state[req] = new_state
             logits = logits + lat @ weights.w2
-        conf[rows] = _confidence(weights, h, e)
-        u = uniforms[rows] if uniforms is not None else None
-        tokens[rows], probs[rows] = _draw(logits, req, temperature, top_k, top_p, u)
+        if probs is None:  # all greedy: the lowest-index argmax
+            tokens[rows] = logits.argmax(dim=1)
+        else:
+            tokens[rows], probs[rows] = _draw(logits, req, temperature, top_k, top_p, uniforms[rows])
         prev[req] = tokens[rows]
-    return SequentialHeadResult(tokens, probs, conf)
+    if probs is None:
+        probs = torch.nn.functional.one_hot(tokens, v).float()
+    return SequentialHeadResult(tokens, probs, _confidence(weights, hidden.float(), _previous_embedding(
+        weights, tokens, anchor_tokens, starts, lens)))
+
+
+def _previous_embedding(weights: SequentialHeadWeights, tokens: torch.Tensor, anchor_tokens: torch.Tensor,
+                        starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
+    """Markov embedding ``[N, r]`` of each slot's previous token (the anchor for a request's first slot, else the
+    draft before it); ``None`` for kind ``"none"``."""
+    if weights.kind == "none":
+        return None
+    prev = torch.roll(tokens, 1)
+    has_slots = lens > 0
+    prev[starts[has_slots]] = anchor_tokens.long()[has_slots]
+    return weights.w1[prev]
 
 
 def _as_float32(weights: SequentialHeadWeights) -> SequentialHeadWeights:
@@ -130,14 +149,12 @@ def _draw(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
-    u: torch.Tensor | None,
+    u: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``[B]`` and draft probabilities ``[B, V]`` of float32 ``logits [B, V]`` of requests ``req [B]``:
     greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw."""
     argmax = logits.argmax(dim=1)
     one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
-    if u is None:  # no uniforms: every request is greedy (the op's contract), the filtered rows are not needed
-        return argmax, one_hot
     t = temperature[req]
     probs = target_probs_ref(
         logits, t, top_k[req] if top_k is not None else None, top_p[req] if top_p is not None else None

@@ -20,6 +20,7 @@ from dspark_kernels.train.calibration import (
     brier_score,
     calibration_metrics,
     cumulative_survival,
+    ece_noise_floor,
     expected_calibration_error,
     fit_sts,
     load_temperatures,
@@ -139,6 +140,20 @@ def test_sts_fixes_an_over_confident_head():
     for b, a in zip(before.conditional, after.conditional):  # per-position scaling keeps the conditional ranking
         assert a.auroc == pytest.approx(b.auroc, abs=1e-12)
     assert after.mean_ece() < 0.3 * before.mean_ece()
+
+
+def test_ece_noise_floor_matches_a_calibrated_predictor_and_shrinks_with_n():
+    rng = np.random.default_rng(5)
+    floors = []
+    for n in (1_000, 16_000):
+        p = rng.uniform(0.2, 0.8, size=n)
+        floor = ece_noise_floor(p)
+        measured = [expected_calibration_error(p, rng.uniform(size=n) < p) for _ in range(20)]
+        assert abs(np.mean(measured) - floor) < 0.25 * floor, (n, floor, np.mean(measured))
+        floors.append(floor)
+    assert floors[1] < 0.35 * floors[0]  # 1/sqrt(n): 16x the rounds -> a quarter of the floor
+    assert expected_calibration_error(p, rng.uniform(size=p.size) < p + 0.1) > 5 * floors[1]  # real bias shows
+    assert math.isnan(ece_noise_floor(np.zeros(0)))
 
 
 def test_sts_is_sequential_earlier_temperatures_fixed():

@@ -48,6 +48,7 @@ from ..ops import sequential_head, verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
 from .config import ModelConfig
 from .drafter import DraftLayer
+from .gemm_dtype import cast_gemm_weights
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .kv_cache import PagedKVCache
 from .transformer import CausalLM, RMSNorm
@@ -146,7 +147,8 @@ class ChainDrafter(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
+        """Activation (and cache) dtype; the linear weights may be in a GEMM dtype (:mod:`.gemm_dtype`)."""
+        return self.norm.weight.dtype
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
@@ -156,7 +158,7 @@ class ChainDrafter(nn.Module):
         return F.embedding(ids, self.target.model.embed_tokens.weight).to(self.dtype)
 
     def lm_logits(self, g: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(g), self.target.lm_head.weight.to(g.dtype)).float()
+        return self.target.lm_head(self.norm(g).to(self.target.dtype)).float()
 
     def pair_inputs(self, feats: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``feats [..., hidden]`` and next-token ids ``[...]`` -> layer inputs ``[..., hidden]``."""
@@ -336,8 +338,11 @@ class ChainDrafter(nn.Module):
         save_drafter(self, dataclasses.asdict(self.config), "chain", out_dir)
 
 
-def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32) -> ChainDrafter:
-    """Load a drafter directory written by :meth:`ChainDrafter.save` for ``target``; clear errors on mismatch."""
+def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32,
+                       gemm_dtype: torch.dtype | str | None = None) -> ChainDrafter:
+    """Load a drafter directory written by :meth:`ChainDrafter.save` for ``target``; clear errors on mismatch.
+    ``gemm_dtype``: the linear weights in that dtype (:mod:`.gemm_dtype`)."""
     raw = read_drafter_config(path, "chain")
     del raw["drafter_type"]
-    return load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype)
+    drafter = load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype)
+    return drafter if gemm_dtype is None else cast_gemm_weights(drafter, gemm_dtype)

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..ops import draft_block_attention, sequential_head
 from .config import ModelConfig
+from .gemm_dtype import cast_gemm_weights
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .kv_cache import PagedKVCache
 from .sequential_head import SequentialHead
@@ -134,12 +135,17 @@ class BlockDrafter(nn.Module):
     def device(self) -> torch.device:
         return self.fc.weight.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """Activation (and context cache) dtype; the linear weights may be in a GEMM dtype (:mod:`.gemm_dtype`)."""
+        return self.norm.weight.dtype
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.target.model.embed_tokens.weight)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Base logits ``U`` (fp32) from the last hidden state through the final norm and the frozen LM head."""
-        return F.linear(self.norm(h), self.target.lm_head.weight).float()
+        return self.target.lm_head(self.norm(h)).float()
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target._rope(positions, dtype)
@@ -186,7 +192,7 @@ class BlockDrafter(nn.Module):
     def new_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
         c = self.layer_config
         return PagedKVCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
-                            dtype=self.fc.weight.dtype, device=self.device)
+                            dtype=self.dtype, device=self.device)
 
     @torch.inference_mode()
     def extend_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], features: torch.Tensor,
@@ -204,7 +210,7 @@ class BlockDrafter(nn.Module):
         req = torch.repeat_interleave(torch.arange(len(q_lens), device=self.device), q_len_t)
         offset_in_chunk = torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
         positions = ctx_lens.long()[req] - q_len_t[req] + offset_in_chunk
-        h_ctx = self.context_features(features.to(self.fc.weight.dtype))
+        h_ctx = self.context_features(features.to(self.dtype))
         cos, sin = self._rope(positions, h_ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(h_ctx, cos, sin)
@@ -222,7 +228,7 @@ class BlockDrafter(nn.Module):
         ids = self.block_inputs(anchors.to(self.device).long(), gamma).reshape(-1)
         positions = (ctx_lens.long()[:, None] + torch.arange(gamma, device=self.device)[None, :]).reshape(-1)
         cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
-        x = self.embed(ids).to(self.fc.weight.dtype)
+        x = self.embed(ids).to(self.dtype)
         cos, sin = self._rope(positions, x.dtype)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -286,9 +292,14 @@ class BlockDrafter(nn.Module):
         save_drafter(self, dataclasses.asdict(self.config), "block", out_dir)
 
 
-def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32) -> BlockDrafter:
-    """Load a drafter directory written by :meth:`BlockDrafter.save` for ``target``; clear errors on mismatch."""
+def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32,
+                       gemm_dtype: torch.dtype | str | None = None) -> BlockDrafter:
+    """Load a drafter directory written by :meth:`BlockDrafter.save` for ``target``; clear errors on mismatch.
+
+    ``gemm_dtype``: the backbone's linear weights in that dtype (:mod:`.gemm_dtype`); the sequential head stays in
+    ``dtype`` (its draft probabilities are computed in fp32)."""
     raw = read_drafter_config(path, "block")
     del raw["drafter_type"]
     raw["feature_layers"] = tuple(raw["feature_layers"])
-    return load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)
+    drafter = load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)
+    return drafter if gemm_dtype is None else cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head])

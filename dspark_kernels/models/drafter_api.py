@@ -90,15 +90,17 @@ def load_drafter_weights(module: torch.nn.Module, path: str | Path, target, dtyp
     return module.to(dtype=dtype, device=target.device).eval().requires_grad_(False)
 
 
-def load_drafter(path, target, dtype: torch.dtype = torch.float32) -> Drafter:
-    """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``."""
+def load_drafter(path, target, dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype | str | None = None
+                 ) -> Drafter:
+    """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``;
+    ``gemm_dtype`` as in :func:`dspark_kernels.models.load_model` (use the same setting for both)."""
     kind = read_drafter_config(path)["drafter_type"]
     if kind == "block":
         from .drafter import load_block_drafter
 
-        return load_block_drafter(path, target, dtype)
+        return load_block_drafter(path, target, dtype, gemm_dtype)
     if kind == "chain":
         from .chain_drafter import load_chain_drafter
 
-        return load_chain_drafter(path, target, dtype)
+        return load_chain_drafter(path, target, dtype, gemm_dtype)
     raise ValueError(f"{path}/drafter_config.json: unknown drafter_type {kind!r} (expected 'block' or 'chain')")

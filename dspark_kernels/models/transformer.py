@@ -25,6 +25,7 @@ from ..ops import verify_attention
 from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_tensor
 from .checkpoint import load_state_dict
 from .config import ModelConfig
+from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 
 __all__ = ["CausalLM", "ForwardOutput", "load_model", "RMSNorm"]
@@ -290,8 +291,13 @@ class CausalLM(nn.Module):
         return ForwardOutput(logits=logits, hidden_states=hidden)
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> CausalLM:
-    """Load a Qwen3 / Llama checkpoint directory (see :mod:`.checkpoint`) into a :class:`CausalLM` in eval mode."""
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               gemm_dtype: torch.dtype | str | None = None) -> CausalLM:
+    """Load a Qwen3 / Llama checkpoint directory (see :mod:`.checkpoint`) into a :class:`CausalLM` in eval mode.
+
+    ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
+    that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
+    when tied to the embedding)."""
     cfg, sd = load_state_dict(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
@@ -302,4 +308,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     model.load_state_dict(sd, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval().requires_grad_(False)
+    model = model.eval().requires_grad_(False)
+    return model if gemm_dtype is None else cast_gemm_weights(model, gemm_dtype)

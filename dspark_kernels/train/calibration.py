@@ -16,6 +16,8 @@ Metrics (DeepSpec's recorder, ``eval/dspark/confidence_head.py``, with an exact 
 * AUROC: exact Mann-Whitney statistic with average ranks for tied predictions (a tie between a positive and a
   negative counts 1/2). It is ``nan`` when the labels are all one class (no pair to rank).
 * Brier: mean (p - y)^2 of the unclamped prediction.
+* ECE floor: the mean ECE of labels drawn as Bernoulli(p) from the same predictions, i.e. what a perfectly
+  calibrated head scores on this many rounds; about 0.4 * sqrt(occupied bins / n) for predictions near 1/2.
 ``cumulative`` metrics score a_j against y_j over all rounds; ``conditional`` metrics score c_j against y_j on the
 rounds with ``accepted >= j - 1`` (where draft j was actually on trial). Empty sets give ``nan`` everywhere.
 Unlike DeepSpec's recorder, positions after an accepted EOS are not dropped: ``accepted`` is the verifier's count,
@@ -53,6 +55,7 @@ __all__ = [
     "brier_score",
     "calibration_metrics",
     "cumulative_survival",
+    "ece_noise_floor",
     "expected_calibration_error",
     "fit_sts",
     "format_table",
@@ -92,6 +95,17 @@ def expected_calibration_error(pred, label, bins: int = ECE_BINS) -> float:
     gap = np.abs(np.bincount(idx, weights=p, minlength=bins) - np.bincount(idx, weights=y, minlength=bins))
     # sum_b (n_b / n) * |mean_b(p) - mean_b(y)| = sum_b |sum_b(p) - sum_b(y)| / n
     return float(gap.sum() / count.sum())
+
+
+def ece_noise_floor(pred, bins: int = ECE_BINS, draws: int = 64, seed: int = 0) -> float:
+    """Expected ECE of a *perfectly calibrated* predictor that makes the predictions ``pred [n]``: the mean ECE over
+    ``draws`` label sets drawn as ``y ~ Bernoulli(pred)`` (seeded). A measured ECE near this value is sampling
+    noise, not miscalibration; it shrinks as 1/sqrt(n). ``nan`` when n = 0."""
+    p = np.clip(_as_1d("pred", pred), 0.0, 1.0)
+    if p.size == 0:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    return float(np.mean([expected_calibration_error(p, rng.random(p.size) < p, bins) for _ in range(draws)]))
 
 
 def _average_ranks(x: np.ndarray) -> np.ndarray:
@@ -137,6 +151,7 @@ class PositionMetrics:
     mean_pred: float
     mean_label: float
     ece: float
+    ece_floor: float
     auroc: float
     brier: float
 
@@ -148,7 +163,8 @@ class PositionMetrics:
             position=position, n=n, positives=int(label.sum()),
             mean_pred=float(pred.mean()) if n else float("nan"),
             mean_label=float(label.mean()) if n else float("nan"),
-            ece=expected_calibration_error(pred, label, bins), auroc=auroc(pred, label),
+            ece=expected_calibration_error(pred, label, bins), ece_floor=ece_noise_floor(pred, bins),
+            auroc=auroc(pred, label),
             brier=brier_score(pred, label),
         )
 
@@ -345,10 +361,11 @@ def split_by_request(trace_request, num_requests: int, seed: int = 0) -> tuple[n
 
 
 def format_table(before: CalibrationMetrics, after: CalibrationMetrics, kind: str = "cumulative") -> str:
-    """Text table, one row per position: n, label rate, ECE / AUROC / Brier before -> after."""
-    rows = [f"{kind:11s}     n  rate  ECE before  ECE after  AUROC bef  AUROC aft  Brier bef  Brier aft"]
+    """Text table, one row per position: n, label rate, ECE / AUROC / Brier before -> after, and the ECE noise
+    floor of the calibrated predictions (what a perfectly calibrated head would score on this many rounds)."""
+    rows = [f"{kind:11s}     n  rate  ECE before  ECE after  ECE floor  AUROC bef  AUROC aft  Brier bef  Brier aft"]
     for b, a in zip(getattr(before, kind), getattr(after, kind)):
-        rows.append(f"  pos {b.position:2d}  {b.n:7d} {b.mean_label:5.3f}  {b.ece:10.4f} {a.ece:10.4f} "
+        rows.append(f"  pos {b.position:2d}  {b.n:7d} {b.mean_label:5.3f}  {b.ece:10.4f} {a.ece:10.4f} {a.ece_floor:10.4f} "
                     f"{b.auroc:10.4f} {a.auroc:10.4f} {b.brier:10.4f} {a.brier:10.4f}")
     return "\n".join(rows)
 

@@ -1,0 +1,72 @@
+"""Weight-only low-precision GEMMs: keep a model's linear weights in bf16, everything else in the activation dtype.
+
+The shipped checkpoints store bf16 weights, so ``weight.to(torch.bfloat16)`` loses nothing; what changes is that each
+linear layer's input is rounded to bf16, the GEMM accumulates in fp32 (oneDNN's avx512_bf16 / AMX kernels on a CPU,
+tensor cores on a GPU) and its output is rounded to bf16 before it is cast back to the activation dtype. Norms,
+RoPE, attention, the KV cache, softmax and sampling stay in the activation dtype (fp32 on the CPU path).
+
+Why it exists: on a CPU, an fp32 GEMM over a few rows (a verify block of 8 tokens, a draft block of 7) is
+compute-bound, so verifying 8 tokens costs about twice one decode step; bf16 GEMMs make the multi-row case nearly as
+cheap as one row (see ``perf/test_gemm_dtype_bench.py``), which is the regime speculative decoding relies on. Every
+method compared in one run must use the same setting: the numerics differ from fp32 GEMMs, so the target's greedy
+text may differ between the two settings (it is identical across methods within one setting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["GEMM_DTYPES", "CastGemmLinear", "cast_gemm_weights", "parse_gemm_dtype"]
+
+GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_gemm_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``None``/``"float32"``-style names or dtypes -> a dtype of :data:`GEMM_DTYPES` (``None`` stays ``None``)."""
+    if name is None or isinstance(name, torch.dtype) and name in GEMM_DTYPES.values():
+        return name
+    if isinstance(name, str) and name in GEMM_DTYPES:
+        return GEMM_DTYPES[name]
+    raise ValueError(f"gemm_dtype must be one of {sorted(GEMM_DTYPES)} or None, got {name!r}")
+
+
+class CastGemmLinear(nn.Module):
+    """``y = (x.to(w) @ w.T + b).to(x.dtype)``: a linear layer whose weight ``[out, in]`` (and bias ``[out]``) live in
+    a GEMM dtype; inputs ``[..., in]`` of any floating dtype, output ``[..., out]`` in the input's dtype."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, gemm_dtype={self.weight.dtype}"
+
+
+def cast_gemm_weights(module: nn.Module, dtype: torch.dtype, skip: Iterable[nn.Module] = ()) -> nn.Module:
+    """Replace every ``nn.Linear`` inside ``module`` (in place; returns it) by a :class:`CastGemmLinear` holding its
+    weight in ``dtype``, except inside the modules of ``skip`` and where the weight already has that dtype (so
+    ``float32`` on an fp32 model changes nothing). A weight tied to an embedding is copied, so the
+    embedding keeps its dtype. Inference only: the new weights do not require gradients."""
+    dtype = parse_gemm_dtype(dtype)
+    skipped = {id(m) for m in skip}
+
+    def visit(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if id(child) in skipped:
+                continue
+            if isinstance(child, nn.Linear) and child.weight.dtype != dtype:
+                setattr(parent, name, CastGemmLinear(child, dtype))
+            elif not isinstance(child, nn.Linear):
+                visit(child)
+
+    visit(module)
+    return module
