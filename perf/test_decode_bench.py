@@ -3,7 +3,8 @@
 Batch 1, greedy, one code prompt, ``NEW`` tokens, the same process and the same thread count for every method, so the
 records compare side by side. ``extra_info`` adds the measured tokens/s, the target forwards (steps) and tau; the
 roofline figures are the target's weights read once per forward (``bytes``) and ``2 * params`` FLOPs per token the
-target processes (``flops``), which is what bounds the decode on a GPU.
+target processes (``flops``), which is what bounds the decode on a GPU. Every method runs with fp32 and with
+weight-only bf16 GEMMs (``gemm_dtype``, the demo's default); compare methods within one setting.
 """
 
 from pathlib import Path
@@ -22,23 +23,25 @@ NEW, GAMMA = 48, 7
 PROMPT = "import os\n\n\ndef list_python_files(root):\n"
 
 
-@pytest.fixture(scope="module")
-def models():
-    target = load_model(ASSETS / "target")
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def models(request):
+    target = load_model(ASSETS / "target", gemm_dtype=request.param)
     ids = [BOS_ID] + load_tokenizer(ASSETS / "target").encode(PROMPT).ids
-    return target, ids
+    return target, ids, request.param
 
 
 @pytest.mark.parametrize("method", ["ar", "dspark", "dflash", "eagle"])
 def test_decode(benchmark, models, method):
-    target, ids = models
-    params = sum(p.numel() for p in target.parameters())
-    weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
+    target, ids, gemm_dtype = models
+    # weights read per forward: everything but the embedding table (the LM head counts, tied or not)
+    read = [p for n, p in target.named_parameters(remove_duplicate=False) if n != "model.embed_tokens.weight"]
+    params = sum(p.numel() for p in read)
+    weight_bytes = sum(p.numel() * p.element_size() for p in read)
     if method == "ar":
         def run():
             return generate(target, [ids], NEW, eos_token_id=EOS_ID)
     else:
-        drafter = load_drafter(ASSETS / "drafters" / method, target)
+        drafter = load_drafter(ASSETS / "drafters" / method, target, gemm_dtype=gemm_dtype)
 
         def run():
             return speculative_generate(target, drafter, [ids], NEW, GAMMA, eos_token_id=EOS_ID)
@@ -46,7 +49,8 @@ def test_decode(benchmark, models, method):
     res = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     steps = res.steps
     processed = len(ids) + (res.num_generated if method == "ar" else steps * (GAMMA + 1))
-    record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": GAMMA, "batch": 1},
+    record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": GAMMA, "batch": 1,
+                              "gemm_dtype": gemm_dtype},
            bytes_moved=steps * weight_bytes, flops=2.0 * params * processed, impl="torch")
     benchmark.extra_info.update({"steps": steps, "tau": getattr(res, "tau", 1.0), "threads": torch.get_num_threads()})
     if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)

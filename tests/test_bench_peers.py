@@ -14,7 +14,7 @@ def test_peers_tiny_run(tmp_path):
     out = tmp_path / "peers.json"
     args = argparse.Namespace(model=ASSETS / "target", assistant=ASSETS / "assistant", drafter_dir=ASSETS / "drafters",
                               drafters=["dspark"], domains=["code"], max_new_tokens=6, gamma=4,
-                              prompt_lookup_tokens=3, impl=None, json=out)
+                              prompt_lookup_tokens=3, impl=None, gemm_dtype="float32", json=out)
     peers.main(args)
     result = json.loads(out.read_text())
     runs = {r["method"]: r for r in result["runs"]}

@@ -10,8 +10,10 @@ Methods (batch 1, temperature 0, the same prompts and ``--max-new-tokens``, EOS 
 * one run per block/chain drafter named in ``--drafters`` (default: ``dspark``): our fixed-gamma speculative loop.
 
 Every method is warmed up once, then timed over all prompts; tokens/s = new tokens / wall seconds. ``identical_to_ar``
-says whether a method produced exactly our AR decode's tokens on every prompt (HF runs in float32 like ours; a greedy
-tie broken differently by a different kernel would show here, not be hidden).
+says whether a method produced exactly our AR decode's tokens on every prompt (HF runs in float32, like ours by
+default; a greedy tie broken differently by a different kernel would show here, not be hidden). ``--gemm-dtype
+bfloat16`` runs our methods with weight-only bf16 GEMMs (:mod:`dspark_kernels.models.gemm_dtype`); their text is then
+the bf16-GEMM target's, so the HF rows may differ from our AR.
 
 CLI: ``python -m dspark_kernels.bench peers --json results/peers.json``.
 """
@@ -29,6 +31,7 @@ from ..demo import PROMPTS
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
 from ..models.drafter_api import load_drafter
+from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
 from . import ASSETS, device_record
 
@@ -67,7 +70,7 @@ def _speculative_runner(target, drafter, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict:
-    target = load_model(args.model)
+    target = load_model(args.model, gemm_dtype=args.gemm_dtype)
     tokenizer = load_tokenizer(args.model)
     prompts = [[BOS_ID] + tokenizer.encode(t).ids for d in args.domains for t in PROMPTS[d]]
     warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
@@ -79,7 +82,8 @@ def run(args: argparse.Namespace) -> dict:
     methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens))
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
     for name in args.drafters:
-        methods[name] = _speculative_runner(target, load_drafter(Path(args.drafter_dir) / name, target), args)
+        methods[name] = _speculative_runner(target, load_drafter(Path(args.drafter_dir) / name, target,
+                                                                        gemm_dtype=args.gemm_dtype), args)
 
     outputs, rows = {}, []
     for name, fn in methods.items():
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
         row["vs_best_transformers"] = row["tokens_per_s"] / best_hf["tokens_per_s"]
     return {"settings": {"max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "domains": args.domains,
                          "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
-                         "batch_size": 1, "temperature": 0.0},
+                         "batch_size": 1, "temperature": 0.0, "gemm_dtype": args.gemm_dtype},
             "device": device_record(), "best_transformers": best_hf["method"], "runs": rows}
 
 
@@ -120,6 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=7)
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="0 skips prompt-lookup decoding")
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
+    p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
+                   help="our methods' linear-layer weight dtype (transformers runs in float32)")
     p.add_argument("--json", type=Path, help="write the results here (and a markdown table next to it)")
 
 

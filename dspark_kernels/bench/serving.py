@@ -4,7 +4,8 @@ Two modes, same outputs:
 
 * ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
   shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded); time is
-  wall clock on this machine. The SPS profile (model key ``<target>+<drafter>``) is loaded from ``autotune/sps/`` when
+  wall clock on this machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). The SPS profile (model key
+  ``<target>+<drafter>[+bfloat16]``) is loaded from ``autotune/sps/`` when
   present for this device, else measured here by :func:`measure_profile` (one request with a ``--prompt-len``
   context: a draft round, then a verify forward of B tokens, rolled back) and saved.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
@@ -41,6 +42,7 @@ from ..engine.speculative import speculative_generate
 from ..engine.sps import SPS_DIR, SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
 from ..models import load_model
 from ..models.drafter_api import load_drafter
+from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.calibration import load_temperatures
 from . import ASSETS, device_record
 
@@ -103,7 +105,9 @@ def _temperatures(drafter_dir: Path, gamma: int) -> torch.Tensor | None:
 
 
 def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
-    model = f"{Path(args.model).name}+{Path(args.drafter).name}"  # the step includes this drafter's round
+    # the step includes this drafter's round; bf16 GEMMs give another profile
+    model = f"{Path(args.model).name}+{Path(args.drafter).name}" + ("" if args.gemm_dtype == "float32" else
+                                                                     f"+{args.gemm_dtype}")
     max_c = max(args.concurrency)
     try:
         profile, where = load_profile(device_name(), model, args.sps_dir), "loaded"
@@ -260,8 +264,8 @@ def write_csv(points: list[dict], path: Path) -> None:
 def run(args: argparse.Namespace) -> dict:
     if not (Path(args.model) / "config.json").exists():
         raise FileNotFoundError(f"no target model at {args.model} (config.json missing); pass --model")
-    target = load_model(args.model)
-    drafter = load_drafter(args.drafter, target)
+    target = load_model(args.model, gemm_dtype=args.gemm_dtype)
+    drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)
     temps = _temperatures(Path(args.drafter), args.gamma)
     runner = run_live if args.mode == "live" else run_replay
     points, profile, where = runner(args, target, drafter, temps)
@@ -271,7 +275,8 @@ def run(args: argparse.Namespace) -> dict:
                     "formula": profile.formula, "origin": where},
         "settings": {"model": str(args.model), "drafter": str(args.drafter), "gamma": args.gamma,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                     "prompt_len": args.prompt_len, "calibrated": temps is not None, "seed": args.seed},
+                     "prompt_len": args.prompt_len, "calibrated": temps is not None, "seed": args.seed,
+                     "gemm_dtype": args.gemm_dtype},
         "points": points,
     }
     data["readouts"] = readouts(points, args.speeds)
@@ -299,6 +304,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
     p.add_argument("--speeds", type=float, nargs="+", default=None, help="per-user speeds for read-out (a)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
+                   help="live: linear-layer weight dtype of target and drafter (bfloat16: weight-only bf16 GEMMs)")
     p.add_argument("--json", type=Path, default=Path("results/serving.json"))
 
 
