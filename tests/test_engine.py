@@ -17,6 +17,7 @@ from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
 from dspark_kernels.models import generate
+from dspark_kernels.models.drafter_api import NullDrafter
 from tests.lossless import assert_follows_target
 from tests.test_drafter_engine import VOCAB, make_drafter, target  # noqa: F401 (fixture)
 
@@ -152,6 +153,40 @@ def test_bad_inputs_raise_clear_errors(target, drafter, traces, tmp_path):  # no
         engine(target, drafter, "mtp1").add_request([1] * 60, 10)
 
 
+@pytest.mark.parametrize("policy", ["none", "fixed3"])
+def test_null_drafter_decodes_exactly_without_drafting(target, policy):  # noqa: F811
+    """The no-speculation baseline runs with no drafter at all; a policy that does verify its placeholder drafts
+    still reproduces the target (they are checked as deterministic proposals and rejected)."""
+    eng = Engine(target, NullDrafter(), make_policy(policy), linear_profile(4 * (GAMMA + 1), 6.0), GAMMA,
+                 page_size=8, max_batch=4, max_seq_len=64)
+    ar = generate(target, PROMPTS, 10, temperature=0.0)
+    rids = [eng.add_request(p, 10) for p in PROMPTS]
+    while eng.has_work:
+        eng.step()
+    assert [eng.requests[i].tokens for i in rids] == ar.tokens
+    out = speculative_generate(target, NullDrafter(), [[1, 11, 12]] * 2000, 2, 2, temperature=1.0,
+                               seeds=list(range(2000)))
+    assert_follows_target(target, [1, 11, 12], out.tokens, 1.0, 2)
+
+
+def test_live_baselines_pay_only_for_their_own_drafts(target, drafter, tmp_path):  # noqa: F811
+    import argparse
+
+    from dspark_kernels.bench.serving import baseline_drafter
+
+    args = argparse.Namespace(gamma=5, mtp1_drafter=tmp_path / "missing", gemm_dtype="float32")
+    none, g_none = baseline_drafter("none", args, target, drafter)
+    assert isinstance(none, NullDrafter) and g_none == 1
+    assert baseline_drafter("mtp1", args, target, drafter) == (drafter, 5)  # no MTP-1 drafter: the first draft
+    assert baseline_drafter("dspark", args, target, drafter) == (drafter, 5)
+    from tests.test_chain_drafter import make_drafter as make_chain_drafter
+
+    make_chain_drafter(target, max_steps=1, name="mtp1").save(tmp_path / "mtp1")
+    args.mtp1_drafter = tmp_path / "mtp1"
+    mtp, g_mtp = baseline_drafter("mtp1", args, target, drafter)
+    assert g_mtp == 1 and mtp.config.name == "mtp1"
+
+
 @pytest.mark.parametrize("mode", ["replay", "live"])
 def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     import argparse
@@ -169,7 +204,8 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
                               str(tmp_path / "drafter"), "--gamma", "3", "--max-new-tokens", "6", "--prompt-len", "5",
                               "--trace-prompts", "4", "--corpus", str(tmp_path / "none"), "--sps-dir",
                               str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
-                              "--policies", "none", "mtp1", "dspark", "oracle"])
+                              "--policies", "none", "mtp1", "dspark", "oracle",
+                              "--mtp1-drafter", str(tmp_path / "no_mtp1")])
     serving.main(args)
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()

@@ -3,7 +3,9 @@
 Two modes, same outputs:
 
 * ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
-  shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded); time is
+  shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded; the
+  baselines pay only for what they draft: ``none`` runs without a drafter, ``mtp1`` with the shipped MTP-1 drafter at
+  gamma 1, see :func:`baseline_drafter`); time is
   wall clock on this machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). The SPS profile (model key
   ``<target>+<drafter>[+bfloat16]``) is loaded from ``autotune/sps/`` when
   present for this device, else measured here by :func:`measure_profile` (one request with a ``--prompt-len``
@@ -41,7 +43,7 @@ from ..engine.replay import Traces, sweep
 from ..engine.speculative import speculative_generate
 from ..engine.sps import SPS_DIR, SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
 from ..models import load_model
-from ..models.drafter_api import load_drafter
+from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.calibration import load_temperatures
 from . import ASSETS, device_record
@@ -104,6 +106,18 @@ def _temperatures(drafter_dir: Path, gamma: int) -> torch.Tensor | None:
         return None
 
 
+def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> tuple[object, int]:
+    """(drafter, gamma) a live policy runs with: each baseline pays only for the drafting it uses. ``none`` decodes
+    with the :class:`NullDrafter` (no draft, no drafter context); ``mtp1`` uses the MTP-1 drafter of
+    ``--mtp1-drafter`` at gamma 1 (one chain step, as the paper's MTP-1 baseline) when that directory exists, else
+    the first draft of ``drafter``; every other policy uses ``drafter`` at ``--gamma``."""
+    if policy == "none":
+        return NullDrafter(), 1
+    if policy == "mtp1" and args.mtp1_drafter is not None and Path(args.mtp1_drafter).exists():
+        return load_drafter(args.mtp1_drafter, target, gemm_dtype=args.gemm_dtype), 1
+    return drafter, args.gamma
+
+
 def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
     # the step includes this drafter's round; bf16 GEMMs give another profile
     model = f"{Path(args.model).name}+{Path(args.drafter).name}" + ("" if args.gemm_dtype == "float32" else
@@ -118,10 +132,11 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
     for name in args.policies:
         if name == "oracle":
             continue
+        run_drafter, gamma = baseline_drafter(name, args, target, drafter)
         for c in args.concurrency:
             prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
                                           target.config.vocab_size, args.seed)
-            eng = Engine(target, drafter, make_policy(name, temps), profile, args.gamma, max_batch=c,
+            eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
                          max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1)
             try:
                 out = run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature)
@@ -289,6 +304,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=ASSETS / "target")
     p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
     p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
+    p.add_argument("--mtp1-drafter", type=Path, default=ASSETS / "drafters" / "mtp1",
+                   help="live: the drafter the mtp1 policy runs with, at gamma 1 (missing: --drafter's first draft)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None,
                    help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
     p.add_argument("--gamma", type=int, default=7)

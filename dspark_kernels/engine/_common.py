@@ -131,7 +131,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Seque
     probs = None
     acc_u = smp_u = None
     if not sampling.greedy:
-        probs = drafted.draft_probs.view(r, gamma, -1)[draft_mask]
+        probs = None if drafted.draft_probs is None else drafted.draft_probs.view(r, gamma, -1)[draft_mask]
         acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, cu_d, n, max_spec_len=gamma)
     res = rejection_sample(drafts[draft_mask], cu_d, probs, fwd.logits, sampling.temperature, sampling.top_k,
                            sampling.top_p, acc_u, smp_u, max_spec_len=gamma, accept_counter=accept_counter,

@@ -10,16 +10,18 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DraftOutput", "Drafter", "load_drafter", "read_drafter_config", "load_drafter_weights", "save_drafter"]
+__all__ = ["DraftOutput", "Drafter", "NullDrafter", "load_drafter", "read_drafter_config", "load_drafter_weights",
+           "save_drafter"]
 
 
 @dataclass
 class DraftOutput:
     """``tokens [R * gamma]`` int64, ``draft_probs [R * gamma, V]`` fp32 (the exact distributions the tokens were drawn
-    from, filtered like the target's), ``confidence_logits [R * gamma]`` fp32 or None (no confidence head)."""
+    from, filtered like the target's; None: the tokens are deterministic proposals, verified as one-hot
+    distributions), ``confidence_logits [R * gamma]`` fp32 or None (no confidence head)."""
 
     tokens: torch.Tensor
-    draft_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
     confidence_logits: torch.Tensor | None
 
 
@@ -46,6 +48,33 @@ class Drafter(Protocol):
     def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None) -> DraftOutput: ...
+
+
+class NullDrafter:
+    """A drafter that keeps no state and costs nothing: the no-speculation baseline of the engine (with a policy that
+    verifies 0 drafts, every step is a plain decode step). ``draft`` returns ``gamma`` placeholder tokens (id 0) per
+    request with no distribution; if a policy does verify them they are checked as deterministic proposals, so the
+    output stays exact/lossless, they are just rejected."""
+
+    feature_layers = (-1,)  # the embedding output: every forward has it, nothing extra is kept
+
+    def new_state(self, num_pages: int, page_size: int) -> None:
+        return None
+
+    def add_request(self, state, rid) -> None:
+        pass
+
+    def free(self, state, rid) -> None:
+        pass
+
+    def extend(self, state, rids: Sequence, token_ids: torch.Tensor, features: torch.Tensor,
+               cu: torch.Tensor) -> None:
+        pass
+
+    def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
+              top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
+              impl: str | None = None) -> DraftOutput:
+        return DraftOutput(torch.zeros(len(rids) * gamma, dtype=torch.int64, device=anchors.device), None, None)
 
 
 def save_drafter(module: torch.nn.Module, config: dict, drafter_type: str, out_dir: str | Path) -> None:
