@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dspark_kernels.engine.engine import Engine, run_closed_loop
-from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
+from dspark_kernels.engine.policies import POLICY_NAMES, drafting_pays, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
@@ -110,6 +110,56 @@ def test_sampled_engine_is_lossless(target, drafter, policy):  # noqa: F811
     assert_follows_target(target, prompt, tokens, 1.0, steps)
 
 
+def flat_profile(max_b: int, rate: float) -> SPSProfile:
+    sizes = tuple(range(1, max_b + 1))
+    return SPSProfile("test", "tiny-plain", sizes, ((rate,) * max_b,), source="modelled")
+
+
+def test_drafting_pays_hand_cases():
+    draft = torch.tensor([0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0])  # steps/s by verified tokens, B = 0..8
+    plain = torch.tensor([0.0, 20.0, 18.0])
+    assert drafting_pays([0.9, 0.8], 1, draft, plain)  # k = 2: (1 + 0.9 + 0.8) * 8 = 21.6 > 20
+    assert not drafting_pays([0.5, 0.25], 1, draft, plain)  # best: (1.75) * 8 = 14 < 20
+    assert not drafting_pays([0.9, 0.8, 0.7, 0.6], 2, draft, plain)  # 2 * 2.7 * 6 = 32.4 < 36; k = 3 is past B = 8
+    assert drafting_pays([1.0, 1.0, 1.0], 2, draft, torch.tensor([0.0, 20.0, 10.0]))  # 2 * 3 * 6 = 36 > 20
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter, monkeypatch, temperature):  # noqa: F811
+    """The plain step is modelled 100x faster than a draft step, so the gate closes after the first drafted round
+    and reopens only for its probes (every 2nd step here); output stays the target's (greedy: exactly, sampled:
+    chi-square on the first 3 tokens of 3000 requests); an open gate (slow plain step) drafts every round."""
+    calls = []
+    real = drafter.draft
+    monkeypatch.setattr(drafter, "draft", lambda *a, **k: calls.append(1) or real(*a, **k))
+    n, steps, prompt = (3000, 3, [1, 11, 12]) if temperature else (len(PROMPTS), 10, None)
+    prompts = [prompt] * n if temperature else PROMPTS
+    policy = make_policy("dspark+gate")
+    policy.GATE_PROBE = 2
+    eng = Engine(target, drafter, policy, linear_profile(n * (GAMMA + 1), float(n)), GAMMA, page_size=8, max_batch=n,
+                 max_seq_len=48, plain_profile=flat_profile(n, 100.0))
+    out = run_closed_loop(eng, prompts, n, steps, temperature=temperature)
+    tokens = [eng.requests[i].tokens for i in out["rids"]]
+    assert len(calls) == -(-out["steps"] // 2)  # steps 0, 2, 4, ...: the first round and the probes
+    if temperature:
+        assert_follows_target(target, prompt, tokens, 1.0, steps)
+    else:
+        assert tokens == generate(target, PROMPTS, steps, temperature=0.0).tokens
+    calls.clear()
+    open_gate = Engine(target, drafter, make_policy("dspark+gate"), linear_profile(n * (GAMMA + 1), float(n)), GAMMA,
+                       page_size=8, max_batch=n, max_seq_len=48, plain_profile=flat_profile(n, 1e-3))
+    out = run_closed_loop(open_gate, prompts, n, steps, temperature=temperature)
+    assert len(calls) == out["steps"]
+
+
+def test_gated_policy_needs_the_plain_profile(target, drafter):  # noqa: F811
+    with pytest.raises(ValueError, match="plain SPS profile"):
+        engine(target, drafter, "dspark_prod+gate")
+    with pytest.raises(ValueError, match="measured up to"):
+        Engine(target, drafter, make_policy("dspark+gate"), linear_profile(20, 4.0), GAMMA, max_batch=4,
+               plain_profile=flat_profile(2, 1.0))
+
+
 @pytest.fixture(scope="module")
 def traces(target, drafter):  # noqa: F811
     prompts = [[1, 5 + i, 9, 2 * i + 3] for i in range(12)]
@@ -204,16 +254,16 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
                               str(tmp_path / "drafter"), "--gamma", "3", "--max-new-tokens", "6", "--prompt-len", "5",
                               "--trace-prompts", "4", "--corpus", str(tmp_path / "none"), "--sps-dir",
                               str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
-                              "--policies", "none", "mtp1", "dspark", "oracle",
+                              "--policies", "none", "mtp1", "dspark", "dspark+gate", "oracle",
                               "--mtp1-drafter", str(tmp_path / "no_mtp1")])
     serving.main(args)
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()
-    names = {"none", "mtp1", "dspark"} | ({"oracle"} if mode == "replay" else set())
+    names = {"none", "mtp1", "dspark"} | ({"oracle"} if mode == "replay" else {"dspark+gate"})
     assert {p["policy"] for p in data["points"]} == names and len(data["points"]) == 2 * len(names)
     for p in data["points"]:
         assert p["system_tps"] > 0 and p["per_user_tps_p10"] <= p["per_user_tps_median"] and p["tau"] >= 1
     assert data["readouts"]["per_user_at_matched_throughput_vs_mtp1"][0]["vs_mtp1"]["mtp1"] == pytest.approx(1.0)
     assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
     if mode == "live":
-        assert list((tmp_path / "sps").glob("*.json"))
+        assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # with the draft round, and the target alone

@@ -38,7 +38,7 @@ import torch
 
 from ..engine import Sampling, draft, prefill
 from ..engine.engine import Engine, run_closed_loop
-from ..engine.policies import POLICY_NAMES, make_policy
+from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
 from ..engine.speculative import speculative_generate
 from ..engine.sps import SPS_DIR, SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
@@ -66,7 +66,8 @@ def measure_profile(target, drafter, max_tokens: int, context: int, gamma: int, 
     The drafter's round is part of the step the scheduler pays for (the paper's SPS is the engine's throughput), and
     is already spent when Algorithm 1 chooses B; on a GPU it is a small share, on this CPU about a third of a round.
     Every size is measured: a sparse profile would read as a staircase whose first token past each measured size never
-    pays, and Algorithm 1 would stop there.
+    pays, and Algorithm 1 would stop there. With a :class:`NullDrafter` this is the target's plain profile (a decode
+    step of B tokens, no draft), which the draft gate compares against.
     """
     pages = -(-(context + max_tokens + gamma + 1) // 16)
     cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
@@ -118,16 +119,23 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     return drafter, args.gamma
 
 
-def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
-    # the step includes this drafter's round; bf16 GEMMs give another profile
-    model = f"{Path(args.model).name}+{Path(args.drafter).name}" + ("" if args.gemm_dtype == "float32" else
-                                                                     f"+{args.gemm_dtype}")
-    max_c = max(args.concurrency)
+def _live_profile(args, target, drafter, max_tokens: int, gamma: int, model: str) -> tuple[SPSProfile, str]:
+    """The stored SPS profile of ``model`` on this device, else one measured now (and saved)."""
     try:
-        profile, where = load_profile(device_name(), model, args.sps_dir), "loaded"
+        return load_profile(device_name(), model, args.sps_dir), "loaded"
     except FileNotFoundError:
-        profile = measure_profile(target, drafter, max_c * (args.gamma + 1), args.prompt_len, args.gamma, model)
-        where = f"measured, saved to {profile.save(args.sps_dir)}"
+        profile = measure_profile(target, drafter, max_tokens, args.prompt_len, gamma, model)
+        return profile, f"measured, saved to {profile.save(args.sps_dir)}"
+
+
+def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
+    # the step includes this drafter's round (the plain profile: the target alone); bf16 GEMMs give other profiles
+    suffix = "" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}"
+    max_c = max(args.concurrency)
+    profile, where = _live_profile(args, target, drafter, max_c * (args.gamma + 1), args.gamma,
+                                   f"{Path(args.model).name}+{Path(args.drafter).name}{suffix}")
+    plain, plain_where = _live_profile(args, target, NullDrafter(), max_c, 1, f"{Path(args.model).name}{suffix}")
+    where += f"; plain profile {plain_where}"
     points = []
     for name in args.policies:
         if name == "oracle":
@@ -137,7 +145,7 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
             prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
                                           target.config.vocab_size, args.seed)
             eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
-                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1)
+                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1, plain_profile=plain)
             try:
                 out = run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature)
             except ValueError as e:
@@ -169,7 +177,10 @@ def run_replay(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, st
     traces = Traces.from_result(res.extra)
     print(f"traces: {traces.rounds.numel()} requests, {traces.conf.shape[0]} rounds, tau {res.tau:.3f} ({source})",
           flush=True)
-    points = sweep(args.policies, traces, profile, args.concurrency, temps, seed=args.seed)
+    names = [n for n in args.policies if n not in GATED_POLICY_NAMES]
+    if len(names) < len(args.policies):
+        print("replay charges no drafting: the gated policies run in live mode only", flush=True)
+    points = sweep(names, traces, profile, args.concurrency, temps, seed=args.seed)
     for p in points:
         p["prompts"] = source
         _print_point(p)

@@ -4,8 +4,9 @@
 
 1. a prefill forward for the queued requests that fit under ``max_batch`` (one ragged forward; their first token
    comes from the prefill logits, noise round 0), then
-2. one draft/verify round for every live request, the just-prefilled ones included: the drafter drafts ``gamma``
-   tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
+2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's
+   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts
+   ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
    requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified
    drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept tokens.
 
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter
+from ..models.drafter_api import Drafter, DraftOutput
 from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
 from .policies import Policy
 from .sps import SPSProfile
@@ -109,12 +110,14 @@ def _cat(xs: list[torch.Tensor], dtype) -> np.ndarray:
 class Engine:
     """Continuous batching over ``target`` + ``drafter`` with verify lengths from ``policy`` (see module docstring).
 
-    ``sps_profile`` is bound to the policy (its table must reach B = ``max_batch``). The KV pools hold
-    ``max_batch`` requests of up to ``max_seq_len`` tokens (prompt + new tokens + gamma + 1) each.
+    ``sps_profile`` (a step with the draft round) and, for the gated policies, ``plain_profile`` (the target's step
+    alone) are bound to the policy (their tables must reach B = ``max_batch``). The KV pools hold ``max_batch``
+    requests of up to ``max_seq_len`` tokens (prompt + new tokens + gamma + 1) each.
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
-                 page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None) -> None:
+                 page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
+                 plain_profile: SPSProfile | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
         if policy.replay_only:
@@ -122,7 +125,7 @@ class Engine:
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        policy.bind(sps_profile, gamma, max_batch)
+        policy.bind(sps_profile, gamma, max_batch, plain_profile)
         self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
         self.max_batch, self.max_seq_len, self.impl = max_batch, max_seq_len, impl
         self.device = target.device
@@ -211,9 +214,13 @@ class Engine:
         r, dev, gamma = len(live), self.device, self.gamma
         samp = self._sampling(live)
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
-        drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl)
-        conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
-        lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
+        if self.policy.drafts(live, self.steps):
+            drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl)
+            conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
+            lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
+        else:  # a plain decode step: nothing drafted, nothing to verify
+            drafted = DraftOutput(torch.zeros(r * gamma, dtype=torch.int64, device=dev), None, None)
+            conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
         rnd = verify_round(self.target, self.drafter, self.tcache, self.dstate, live, anchors, drafted, lens, gamma,
                            samp, m.pos_accepted, m.pos_verified, self.impl)

@@ -5,17 +5,28 @@ Every policy is used in two steps per round::
     lens = policy.choose(conf_logits, live, step)   # conf_logits [R, gamma] float32 or None -> lens [R] int64
     policy.observe(accepted, lens)                  # accepted [R]: drafts accepted this round (stateful policies)
 
-after a one-time ``policy.bind(sps_profile, gamma, max_batch)`` that gives it the SPS table (``SPSProfile.as_table``
-up to ``max_batch * (gamma + 1)`` tokens) and checks that the profile covers a batch of ``max_batch`` requests.
-``live`` are the requests' ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
+after a one-time ``policy.bind(sps_profile, gamma, max_batch, plain_profile)`` that gives it the SPS table
+(``SPSProfile.as_table`` up to ``max_batch * (gamma + 1)`` tokens) and checks that the profile covers a batch of
+``max_batch`` requests. ``live`` are the requests' ids, ``step`` the engine's round counter. Lengths stay on the
+confidences' device.
+
+Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no, the round is a plain decode step
+(no draft, verify length 0). ``none`` never drafts. The gated DSpark policies (``dspark+gate``,
+``dspark_prod+gate``) draft only when drafting is expected to pay: the engine's SPS profile with the draft round
+included (``sps_profile``) against the target's own profile without it (``plain_profile``), with the expected
+accepted length from the running mean of the calibrated survival of earlier drafted rounds
+(:func:`drafting_pays`); while the gate is closed they still draft every ``GATE_PROBE`` steps to refresh that mean.
+On a GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a decode step
+(this repository's CPU) it is what keeps speculation from falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
-capacity comes from confidences two rounds old, and SmartSpec/EMA state comes from earlier rounds. ``oracle`` reads
+capacity comes from confidences two rounds old, SmartSpec/EMA state and the draft gate come from earlier rounds. ``oracle`` reads
 the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
 
 Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),
-``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``oracle``.
+``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``dspark+gate``,
+``dspark_prod+gate`` (live engine only: the replay charges no drafting), ``oracle``.
 """
 
 from __future__ import annotations
@@ -33,12 +44,33 @@ from ..ops.survival import (
 )
 from .sps import SPSProfile
 
-__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "make_policy",
-           "POLICY_NAMES"]
+__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "drafting_pays",
+           "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
                 "dspark_prod", "oracle")
+GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
+
+
+def drafting_pays(mean_survival: Sequence[float], r: int, draft_table: torch.Tensor, plain_table: torch.Tensor
+                  ) -> bool:
+    """Whether a draft round is expected to beat a plain decode step for ``r`` requests.
+
+    ``mean_survival [gamma]``: mean calibrated prefix survival per position; ``draft_table``/``plain_table``: steps/s
+    by token count with / without the draft round. Drafting pays when some common verify length k gives
+    ``r * (1 + sum_{j <= k} a_j) * draft_table[r (1 + k)] > r * plain_table[r]`` (tokens/s with vs without).
+    """
+    plain = r * float(plain_table[r])
+    expected, bmax = 1.0, draft_table.numel() - 1
+    for k in range(len(mean_survival) + 1):
+        if k:
+            expected += float(mean_survival[k - 1])
+        if r * (1 + k) > bmax:
+            break
+        if r * expected * float(draft_table[r * (1 + k)]) > plain:
+            return True
+    return False
 
 
 class Policy:
@@ -47,17 +79,26 @@ class Policy:
     name = "policy"
     needs_confidence = False
     replay_only = False
+    plain_table: torch.Tensor | None = None
 
-    def bind(self, profile: SPSProfile, gamma: int, max_batch: int) -> None:
-        """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens; ``ValueError`` when the
-        profile does not reach a batch of ``max_batch`` tokens (one per request)."""
+    def bind(self, profile: SPSProfile, gamma: int, max_batch: int, plain_profile: SPSProfile | None = None) -> None:
+        """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens (and, when given, the plain
+        table of ``plain_profile`` up to ``max_batch``); ``ValueError`` when a profile does not reach a batch of
+        ``max_batch`` tokens (one per request)."""
         if not isinstance(gamma, int) or gamma < 1 or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"gamma and max_batch must be ints >= 1, got {gamma!r}, {max_batch!r}")
-        table = profile.as_table(max_batch * (gamma + 1))
-        if table.numel() - 1 < max_batch:
-            raise ValueError(f"SPS profile {profile.device}/{profile.model} is measured up to B = {table.numel() - 1}"
-                             f" tokens, fewer than the {max_batch} requests of a full batch (one token each)")
-        self.sps_table, self.gamma = table, gamma
+        tables = [(p, p.as_table(max_batch * (gamma + 1) if p is profile else max_batch))
+                  for p in (profile, plain_profile) if p is not None]
+        for p, table in tables:
+            if table.numel() - 1 < max_batch:
+                raise ValueError(f"SPS profile {p.device}/{p.model} is measured up to B = {table.numel() - 1} tokens,"
+                                 f" fewer than the {max_batch} requests of a full batch (one token each)")
+        self.sps_table, self.gamma = tables[0][1], gamma
+        self.plain_table = tables[1][1] if plain_profile is not None else None
+
+    def drafts(self, live: Sequence, step: int) -> bool:
+        """Whether the engine should draft this round (False: a plain decode step). Default: always."""
+        return True
 
     def _confidence(self, conf_logits: torch.Tensor | None, r: int) -> torch.Tensor:
         if conf_logits is None:
@@ -91,6 +132,9 @@ class FixedK(Policy):
     def choose(self, conf_logits, live, step, realised=None):
         return torch.full((len(live),), min(self.k, self.gamma), dtype=torch.int64, device=_device(conf_logits))
 
+    def drafts(self, live, step):
+        return self.k > 0
+
 
 def _calibrated(conf: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
     """Per-position confidences ``c [R, gamma] = sigmoid(logit / T[j])``."""
@@ -108,21 +152,44 @@ def _survival(conf: torch.Tensor, temperatures: torch.Tensor | None) -> tuple[to
 
 
 class _Confident(Policy):
-    """A policy that reads the calibrated confidences (STS ``temperatures [>= gamma]``, None = uncalibrated)."""
+    """A policy that reads the calibrated confidences (STS ``temperatures [>= gamma]``, None = uncalibrated);
+    ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``plain_profile``."""
 
     needs_confidence = True
+    GATE_EMA = 0.2  # weight of the newest drafted round in the running mean survival
+    GATE_PROBE = 16  # while closed, the gate still drafts once every this many steps
 
-    def __init__(self, temperatures: torch.Tensor | None = None) -> None:
+    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
         if temperatures is not None:
             temperatures = torch.as_tensor(temperatures, dtype=torch.float32)
             if temperatures.dim() != 1 or not bool(torch.isfinite(temperatures).all() & (temperatures > 0).all()):
                 raise ValueError(f"temperatures must be a 1-D tensor of positive finite values, got {temperatures}")
-        self.temperatures = temperatures
+        self.temperatures, self.gate = temperatures, gate
+        if gate:
+            self.name += "+gate"
+        self._mean_survival: torch.Tensor | None = None
+        self._last_drafted = 0
 
-    def bind(self, profile, gamma, max_batch):
-        super().bind(profile, gamma, max_batch)
+    def bind(self, profile, gamma, max_batch, plain_profile=None):
+        super().bind(profile, gamma, max_batch, plain_profile)
         if self.temperatures is not None and self.temperatures.numel() < gamma:
             raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
+        if self.gate and plain_profile is None:
+            raise ValueError(f"policy {self.name!r} needs the target's plain SPS profile (Engine(plain_profile=...))")
+
+    def drafts(self, live, step):
+        if not self.gate or self._mean_survival is None or step - self._last_drafted >= self.GATE_PROBE:
+            return True
+        return drafting_pays(self._mean_survival.tolist(), len(live), self.sps_table, self.plain_table)
+
+    def _remember(self, a: torch.Tensor, r: int, step: int) -> None:
+        """Fold this drafted round's survival ``a [R * gamma]`` into the running mean (gated policies only)."""
+        if not self.gate:
+            return
+        mean = a.view(r, self.gamma).mean(dim=0)
+        old = self._mean_survival
+        self._mean_survival = mean if old is None else (1 - self.GATE_EMA) * old + self.GATE_EMA * mean
+        self._last_drafted = step
 
 
 class Threshold(_Confident):
@@ -146,6 +213,7 @@ class DSpark(_Confident):
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
+        self._remember(a, len(live), step)
         table = self.sps_table.to(a.device)
         return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
@@ -161,12 +229,13 @@ class DSparkProd(_Confident):
     name = "dspark_prod"
     STALENESS = 2
 
-    def __init__(self, temperatures: torch.Tensor | None = None) -> None:
-        super().__init__(temperatures)
+    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
+        super().__init__(temperatures, gate)
         self._history: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.STALENESS)
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
+        self._remember(a, len(live), step)
         table = self.sps_table.to(a.device)
         if len(self._history) < self.STALENESS:
             lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False)
@@ -250,8 +319,9 @@ def make_policy(name: str, temperatures: torch.Tensor | None = None) -> Policy:
     simple = {"smartspec": SmartSpec, "oracle": Oracle}
     if name in simple:
         return simple[name]()
-    if name == "dspark":
-        return DSpark(temperatures)
-    if name == "dspark_prod":
-        return DSparkProd(temperatures)
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+    base, gated = name.removesuffix("+gate"), name.endswith("+gate")
+    if base == "dspark":
+        return DSpark(temperatures, gate=gated)
+    if base == "dspark_prod":
+        return DSparkProd(temperatures, gate=gated)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + GATED_POLICY_NAMES)}")
