@@ -18,7 +18,7 @@ python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/targe
     --max-steps "$STEPS_TARGET" --resume
 python -m dspark_kernels.train.model_card --model $A/target --corpus data/corpus
 python -m dspark_kernels.train.rollouts --model $A/target --split train --num-prompts "$N_ROLLOUTS"
-python -m dspark_kernels.train.rollouts --model $A/target --split heldout --num-prompts 256
+python -m dspark_kernels.train.rollouts --model $A/target --split heldout --num-prompts 2048
 # the small same-tokenizer model that `bench peers` gives transformers' assisted generation
 python -m dspark_kernels.train.target --size assistant --corpus data/corpus --work-dir data/assistant_run \
     --out $A/assistant --max-steps 600 --eval-every 200 --resume
@@ -42,6 +42,7 @@ train_block dspark_rnn --head rnn --rank 64
 train_chain eagle
 train_chain mtp1
 for d in dspark dspark_rnn; do
-    python -m dspark_kernels.train.calibration --model $A/target --drafter $A/drafters/$d --rollouts data/rollouts
+    python -m dspark_kernels.train.calibration --model $A/target --drafter $A/drafters/$d --rollouts data/rollouts \
+        --num-prompts 2048
 done
 python -m dspark_kernels.bench acceptance --json results/acceptance.json

@@ -140,7 +140,7 @@ python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/targe
     --out dspark_kernels/assets/target --max-steps {tr.get('steps', 2000)}
 python -m dspark_kernels.train.model_card --model dspark_kernels/assets/target --corpus data/corpus
 python -m dspark_kernels.train.rollouts --split train --num-prompts 1024
-python -m dspark_kernels.train.rollouts --split heldout --num-prompts 256
+python -m dspark_kernels.train.rollouts --split heldout --num-prompts 2048
 ```
 Training is seeded, but thread scheduling makes CPU float sums order-dependent, so a rerun matches closely rather than
 bit for bit. {m.get("note", "")}
