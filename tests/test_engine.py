@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dspark_kernels.engine.engine import Engine, run_closed_loop
-from dspark_kernels.engine.policies import POLICY_NAMES, drafting_pays, make_policy
+from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, drafting_pays, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
@@ -135,7 +135,7 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
     n, steps, prompt = (3000, 3, [1, 11, 12]) if temperature else (len(PROMPTS), 10, None)
     prompts = [prompt] * n if temperature else PROMPTS
     policy = make_policy("dspark+gate")
-    policy.GATE_PROBE = 2
+    policy.GATE_PROBE = policy.GATE_PROBE_MAX = policy._probe_wait = 2
     eng = Engine(target, drafter, policy, linear_profile(n * (GAMMA + 1), float(n)), GAMMA, page_size=8, max_batch=n,
                  max_seq_len=48, plain_profile=flat_profile(n, 100.0))
     out = run_closed_loop(eng, prompts, n, steps, temperature=temperature)
@@ -150,6 +150,62 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
                        page_size=8, max_batch=n, max_seq_len=48, plain_profile=flat_profile(n, 1e-3))
     out = run_closed_loop(open_gate, prompts, n, steps, temperature=temperature)
     assert len(calls) == out["steps"]
+
+
+def test_closed_gate_probes_less_and_less_and_reopens():
+    policy = make_policy("dspark+gate")
+    policy.bind(linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, 4, flat_profile(4, 100.0))
+    policy.choose(torch.zeros(2, GAMMA), [0, 1], 0)  # one drafted round: survival 0.5, 0.25, ...
+    probes = [s for s in range(1, 200) if policy.drafts([0, 1], s) and not policy._remember(
+        torch.full((2 * GAMMA,), 0.5), 2, s)]
+    assert probes == [8, 24, 56, 120, 184]  # waits 8, 16, 32, 64, 64
+    policy.plain_table = torch.full_like(policy.plain_table, 1e-3)  # now drafting pays: open at once
+    assert policy.drafts([0, 1], 185) and policy._probe_wait == policy.GATE_PROBE
+
+
+class _DraftFrom(FixedK):
+    """Verifies nothing (greedy output = the target's); drafts only from step ``start`` on."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(0, f"draft_from{start}")
+        self.start = start
+
+    def drafts(self, live, step):
+        return step >= self.start
+
+
+@pytest.mark.parametrize("which", ["block", "chain"])
+def test_deferred_drafter_context_catches_up_exactly(target, drafter, monkeypatch, which):  # noqa: F811
+    """Plain steps defer the drafter's context; the next drafting round flushes it, and drafts exactly what a drafter
+    extended at every step drafts from the same context."""
+    from dspark_kernels.engine import engine as engine_module
+    from tests.test_chain_drafter import make_drafter as make_chain_drafter
+
+    d = drafter if which == "block" else make_chain_drafter(target, max_steps=GAMMA)
+    seen = {}
+    real = engine_module.draft
+
+    def record(drafter_, dstate, live, anchors, gamma, samp, impl):
+        out = real(drafter_, dstate, live, anchors, gamma, samp, impl)
+        seen.setdefault(id(dstate), []).append(out)
+        return out
+
+    monkeypatch.setattr(engine_module, "draft", record)
+    outs = []
+    for start in (0, 3):
+        eng = Engine(target, d, _DraftFrom(start), linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, page_size=8,
+                     max_batch=4, max_seq_len=64)
+        rids = [eng.add_request(p, 6) for p in PROMPTS[:3]]
+        while eng.has_work:
+            eng.step()
+        outs.append(([eng.requests[i].tokens for i in rids], seen[id(eng.dstate)]))
+    (tok_all, drafts_all), (tok_late, drafts_late) = outs
+    assert tok_all == tok_late == generate(target, PROMPTS[:3], 6, temperature=0.0).tokens
+    assert len(drafts_late) == len(drafts_all) - 3
+    for a, b in zip(drafts_all[3:], drafts_late):
+        assert torch.equal(a.tokens, b.tokens)
+        if a.confidence_logits is not None:
+            torch.testing.assert_close(a.confidence_logits, b.confidence_logits, rtol=1e-4, atol=1e-4)
 
 
 def test_gated_policy_needs_the_plain_profile(target, drafter):  # noqa: F811

@@ -94,23 +94,27 @@ def draft(drafter: Drafter, dstate, rids: Sequence, anchors: torch.Tensor, gamma
 @dataclass
 class RoundOutput:
     """``num_accepted [R]`` int32 on the device; ``accepted``: the same on the host; ``emitted[r]``: the accepted
-    drafts then the correction/bonus token (``accepted[r] + 1`` tokens)."""
+    drafts then the correction/bonus token (``accepted[r] + 1`` tokens); ``kept``: when the drafter's context was not
+    extended (``extend=False``), what it would have received: ``(token_ids [T], features [T, m * hidden],
+    cu [R + 1])``."""
 
     num_accepted: torch.Tensor
     accepted: list[int]
     emitted: list[list[int]]
+    kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, anchors: torch.Tensor,
                  drafted: DraftOutput, verify_lens: torch.Tensor, gamma: int, sampling: Sampling,
                  accept_counter: torch.Tensor | None = None, draft_counter: torch.Tensor | None = None,
-                 impl: str | None = None) -> RoundOutput:
+                 impl: str | None = None, extend: bool = True) -> RoundOutput:
     """Verify ``[anchor_r, d_r1 .. d_r{l_r}]`` of every request in one ragged target forward.
 
     ``anchors [R]`` int64, ``drafted.tokens [R * gamma]``, ``verify_lens [R]`` int (0..gamma) on the device. Only the
     verified drafts (and their ``draft_probs`` rows) reach :func:`rejection_sample`; the optional per-position
     ``accept_counter``/``draft_counter [gamma]`` int64 are accumulated in place. Afterwards the target cache holds
-    the anchor and the accepted drafts of each request and the drafter's context has grown by the same tokens.
+    the anchor and the accepted drafts of each request and the drafter's context has grown by the same tokens (with
+    ``extend=False`` they are returned in ``RoundOutput.kept`` instead, for a later ``drafter.extend``).
     """
     dev = anchors.device
     r = len(rids)
@@ -144,8 +148,11 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Seque
         starts.append(starts[-1] + l_r + 1)
     keep = torch.cat([torch.arange(s, s + a + 1, device=dev) for s, a in zip(starts, accepted)])
     keep_cu = torch.tensor([0] + [a + 1 for a in accepted], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
-    drafter.extend(dstate, list(rids), tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
-    return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)])
+    kept = (tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
+    if extend:
+        drafter.extend(dstate, list(rids), *kept)
+    return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)],
+                       None if extend else kept)
 
 
 def finish_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> str | None:

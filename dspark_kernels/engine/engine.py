@@ -5,7 +5,8 @@
 1. a prefill forward for the queued requests that fit under ``max_batch`` (one ragged forward; their first token
    comes from the prefill logits, noise round 0), then
 2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's
-   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts
+   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``, and the committed
+   tokens' features wait until the next drafting round to enter the drafter's context), the drafter drafts
    ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
    requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified
    drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept tokens.
@@ -137,6 +138,7 @@ class Engine:
         self.live: list[int] = []
         self.steps = 0
         self._next_id = 0
+        self._deferred: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._metrics = _Metrics(gamma, self.device)
 
     # ---------------------------------------------------------------------------------------------------- requests
@@ -181,8 +183,29 @@ class Engine:
                 req.t_end = now
                 self.tcache.free(i)
                 self.drafter.free(self.dstate, i)
+                self._deferred.pop(i, None)
                 done.append(i)
         return done
+
+    def _defer_context(self, rids: Sequence[int], kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Keep a plain step's committed tokens and features per request instead of extending the drafter's context:
+        while the policy does not draft, the drafter costs nothing; the next drafting round catches up."""
+        ids, feats, cu = kept
+        bounds = cu.tolist()
+        for j, rid in enumerate(rids):
+            self._deferred.setdefault(rid, []).append((ids[bounds[j]:bounds[j + 1]], feats[bounds[j]:bounds[j + 1]]))
+
+    def _flush_context(self, rids: Sequence[int]) -> None:
+        """Extend the drafter's context by every deferred chunk of ``rids`` (one call, in commit order)."""
+        ready = [rid for rid in rids if rid in self._deferred]
+        if not ready:
+            return
+        chunks = [self._deferred.pop(rid) for rid in ready]
+        lens = [sum(c[0].numel() for c in chunk) for chunk in chunks]
+        cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(self.device, torch.int32)
+        ids = torch.cat([t for chunk in chunks for t, _ in chunk])
+        feats = torch.cat([f for chunk in chunks for _, f in chunk])
+        self.drafter.extend(self.dstate, ready, ids, feats, cu)
 
     def _admit(self, now: float) -> list[int]:
         """Prefill the queued requests that fit; returns the ones that finished on their first token."""
@@ -214,7 +237,9 @@ class Engine:
         r, dev, gamma = len(live), self.device, self.gamma
         samp = self._sampling(live)
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
-        if self.policy.drafts(live, self.steps):
+        drafting = self.policy.drafts(live, self.steps)
+        if drafting:
+            self._flush_context(live)
             drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl)
             conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
             lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
@@ -223,7 +248,9 @@ class Engine:
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
         rnd = verify_round(self.target, self.drafter, self.tcache, self.dstate, live, anchors, drafted, lens, gamma,
-                           samp, m.pos_accepted, m.pos_verified, self.impl)
+                           samp, m.pos_accepted, m.pos_verified, self.impl, extend=drafting)
+        if not drafting:
+            self._defer_context(live, rnd.kept)
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1

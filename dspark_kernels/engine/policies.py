@@ -15,7 +15,9 @@ Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no,
 ``dspark_prod+gate``) draft only when drafting is expected to pay: the engine's SPS profile with the draft round
 included (``sps_profile``) against the target's own profile without it (``plain_profile``), with the expected
 accepted length from the running mean of the calibrated survival of earlier drafted rounds
-(:func:`drafting_pays`); while the gate is closed they still draft every ``GATE_PROBE`` steps to refresh that mean.
+(:func:`drafting_pays`); while the gate is closed they still probe (draft) after ``GATE_PROBE`` steps to refresh
+that mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``. Plain steps defer the drafter's
+context (the engine extends it when drafting resumes), so a closed gate costs no drafter work at all.
 On a GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a decode step
 (this repository's CPU) it is what keeps speculation from falling below plain decoding.
 
@@ -156,8 +158,9 @@ class _Confident(Policy):
     ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``plain_profile``."""
 
     needs_confidence = True
-    GATE_EMA = 0.2  # weight of the newest drafted round in the running mean survival
-    GATE_PROBE = 16  # while closed, the gate still drafts once every this many steps
+    GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival
+    GATE_PROBE = 8  # once closed, the gate still drafts (probes) after this many steps ...
+    GATE_PROBE_MAX = 64  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
         if temperatures is not None:
@@ -169,6 +172,7 @@ class _Confident(Policy):
             self.name += "+gate"
         self._mean_survival: torch.Tensor | None = None
         self._last_drafted = 0
+        self._probe_wait = self.GATE_PROBE
 
     def bind(self, profile, gamma, max_batch, plain_profile=None):
         super().bind(profile, gamma, max_batch, plain_profile)
@@ -178,9 +182,15 @@ class _Confident(Policy):
             raise ValueError(f"policy {self.name!r} needs the target's plain SPS profile (Engine(plain_profile=...))")
 
     def drafts(self, live, step):
-        if not self.gate or self._mean_survival is None or step - self._last_drafted >= self.GATE_PROBE:
+        if not self.gate or self._mean_survival is None:
             return True
-        return drafting_pays(self._mean_survival.tolist(), len(live), self.sps_table, self.plain_table)
+        if drafting_pays(self._mean_survival.tolist(), len(live), self.sps_table, self.plain_table):
+            self._probe_wait = self.GATE_PROBE
+            return True
+        if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
+            self._probe_wait = min(2 * self._probe_wait, self.GATE_PROBE_MAX)
+            return True
+        return False
 
     def _remember(self, a: torch.Tensor, r: int, step: int) -> None:
         """Fold this drafted round's survival ``a [R * gamma]`` into the running mean (gated policies only)."""
