@@ -2,7 +2,8 @@
 
 A small random Qwen3 model holds ``CONTEXT`` tokens of one request in its paged cache; each round feeds 1, 4, 8 or 16
 new tokens (decode, or verify of 1 + drafts) in one forward and rolls them back afterwards, so every round sees the
-same cache state. If the step is bound by weight reads, verifying 16 tokens costs little more than decoding 1.
+same cache state. If the step is bound by weight reads, verifying 16 tokens costs little more than decoding 1. On
+the CPU it runs with fp32 GEMMs and with weight-only bf16 GEMMs (``gemm_dtype``: fp32 activations, bf16 weights).
 
 Bytes = every weight read once (embedding rows are gathered, so only those rows) + the request's K/V read per layer
 + the new K/V written; FLOPs = 2 * (matmul params) * tokens + 4 * Hq * D * visible (query, key) pairs per layer.
@@ -14,23 +15,25 @@ import pytest
 import torch
 
 from dspark_kernels.models import CausalLM, ModelConfig
+from dspark_kernels.models.gemm_dtype import cast_gemm_weights
 from perf.roofline import record, sync
 
 CONTEXT = 384
 NEW_TOKENS = (1, 4, 8, 16)
 CFG = ModelConfig(model_type="qwen3", vocab_size=4096, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=1e6, qk_norm=True)
-DEVICES = [pytest.param("cpu", torch.float32, "torch", id="cpu-fp32-torch")]
+DEVICES = [pytest.param("cpu", torch.float32, "torch", None, id="cpu-fp32-torch"),
+           pytest.param("cpu", torch.float32, "torch", torch.bfloat16, id="cpu-bf16gemm-torch")]
 if torch.cuda.is_available():
-    DEVICES.append(pytest.param("cuda", torch.bfloat16, "triton", id="cuda-bf16-triton"))
+    DEVICES.append(pytest.param("cuda", torch.bfloat16, "triton", None, id="cuda-bf16-triton"))
 
 
 @pytest.fixture(scope="module")
 def models():
     cache: dict = {}
 
-    def get(device: str, dtype: torch.dtype):
-        if (device, dtype) not in cache:
+    def get(device: str, dtype: torch.dtype, gemm_dtype: torch.dtype | None):
+        if (device, dtype, gemm_dtype) not in cache:
             torch.manual_seed(0)
             model = CausalLM(CFG)
             with torch.no_grad():
@@ -39,30 +42,33 @@ def models():
                         p.normal_(1.0, 0.1)
                     else:
                         p.normal_(0.0, 0.05)
-            cache[(device, dtype)] = model.to(device=device, dtype=dtype).eval()
-        return cache[(device, dtype)]
+            model = model.to(device=device, dtype=dtype).eval()
+            cache[(device, dtype, gemm_dtype)] = model if gemm_dtype is None else cast_gemm_weights(model, gemm_dtype)
+        return cache[(device, dtype, gemm_dtype)]
 
     return get
 
 
 def _cost(model: CausalLM, n_new: int) -> tuple[float, float]:
     c = model.config
-    elem = model.model.embed_tokens.weight.element_size()
-    matmul_params = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
-    matmul_params += model.lm_head.weight.numel()
-    other_params = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    elem = model.model.embed_tokens.weight.element_size()  # activations and the KV cache
+    matmul = [p for n, p in model.named_parameters(remove_duplicate=False)
+              if n.endswith("proj.weight") or n == "lm_head.weight"]
+    matmul_params = sum(p.numel() for p in matmul)
+    weight_bytes = sum(p.numel() * p.element_size() for p in matmul)
+    weight_bytes += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
     kv_len = CONTEXT + n_new
     kv_elems = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim
-    bytes_moved = elem * (matmul_params + other_params + n_new * c.hidden_size + kv_elems * (kv_len + n_new))
+    bytes_moved = weight_bytes + elem * (n_new * c.hidden_size + kv_elems * (kv_len + n_new))
     pairs = sum(CONTEXT + i + 1 for i in range(n_new))
     flops = 2.0 * matmul_params * n_new + 4.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs
     return bytes_moved, flops
 
 
 @pytest.mark.parametrize("n_new", NEW_TOKENS)
-@pytest.mark.parametrize("device,dtype,impl", DEVICES)
-def test_target_forward_verify(benchmark, models, device, dtype, impl, n_new):
-    model = models(device, dtype)
+@pytest.mark.parametrize("device,dtype,impl,gemm_dtype", DEVICES)
+def test_target_forward_verify(benchmark, models, device, dtype, impl, gemm_dtype, n_new):
+    model = models(device, dtype, gemm_dtype)
     dev = torch.device(device)
     cache = model.new_cache(num_pages=(CONTEXT + max(NEW_TOKENS)) // 16 + 1, page_size=16)
     cache.add_request(0)
@@ -85,7 +91,8 @@ def test_target_forward_verify(benchmark, models, device, dtype, impl, n_new):
         benchmark,
         shapes={"new_tokens": n_new, "context": CONTEXT, "hidden": CFG.hidden_size, "layers": CFG.num_hidden_layers,
                 "hq": CFG.num_attention_heads, "hkv": CFG.num_key_value_heads, "d": CFG.head_dim,
-                "vocab": CFG.vocab_size, "dtype": str(dtype).replace("torch.", "")},
+                "vocab": CFG.vocab_size, "dtype": str(dtype).replace("torch.", ""),
+                "gemm_dtype": str(gemm_dtype or dtype).replace("torch.", "")},
         bytes_moved=bytes_moved,
         flops=flops,
         impl=impl,
