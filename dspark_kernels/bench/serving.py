@@ -3,13 +3,13 @@
 Two modes, same outputs:
 
 * ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
-  shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded; the
-  baselines pay only for what they draft: ``none`` runs without a drafter, ``mtp1`` with the shipped MTP-1 drafter at
-  gamma 1, see :func:`baseline_drafter`); time is
-  wall clock on this machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). The SPS profile (model key
-  ``<target>+<drafter>[+bfloat16]``) is loaded from ``autotune/sps/`` when
-  present for this device, else measured here by :func:`measure_profile` (one request with a ``--prompt-len``
-  context: a draft round, then a verify forward of B tokens, rolled back) and saved.
+  shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded), all
+  policies of one concurrency back to back. The baselines pay only for the drafting they use: ``none`` runs without a
+  drafter, ``mtp1`` with the shipped MTP-1 drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
+  machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). The SPS profiles (model keys
+  ``<target>+<drafter>[+bfloat16]`` with the draft round, ``<target>[+bfloat16]`` without, for the draft gate) are
+  loaded from ``autotune/sps/`` when present for this device, else measured here by :func:`measure_profile` (one
+  request with a ``--prompt-len`` context: a draft round, then a verify forward of B tokens, rolled back) and saved.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -136,14 +136,13 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
                                    f"{Path(args.model).name}+{Path(args.drafter).name}{suffix}")
     plain, plain_where = _live_profile(args, target, NullDrafter(), max_c, 1, f"{Path(args.model).name}{suffix}")
     where += f"; plain profile {plain_where}"
+    runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     points = []
-    for name in args.policies:
-        if name == "oracle":
-            continue
-        run_drafter, gamma = baseline_drafter(name, args, target, drafter)
-        for c in args.concurrency:
-            prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
-                                          target.config.vocab_size, args.seed)
+    # every policy at one concurrency back to back: slow drifts of a shared machine's speed hit them alike
+    for c in args.concurrency:
+        prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
+                                      target.config.vocab_size, args.seed)
+        for name, (run_drafter, gamma) in list(runners.items()):
             eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
                          max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1, plain_profile=plain)
             try:
@@ -152,7 +151,8 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
                 if "confidence head" not in str(e):
                     raise
                 print(f"skip {name}: {e}", flush=True)
-                break
+                del runners[name]
+                continue
             speeds = out["per_user_tps"]
             points.append({
                 "policy": name, "concurrency": c, "per_user_tps_median": statistics.median(speeds),
