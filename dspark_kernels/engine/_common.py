@@ -13,7 +13,7 @@ output does not depend on what it is batched with (given its own verify lengths)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,16 +63,24 @@ def features_of(hidden: dict, layers: Sequence[int]) -> torch.Tensor:
 
 
 def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, prompts: Sequence[Sequence[int]],
-            sampling: Sampling, impl: str | None = None) -> list[int]:
+            sampling: Sampling, impl: str | None = None,
+            defer: Callable[[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], None] | None = None) -> list[int]:
     """Run every prompt through the target in one ragged forward (its cache gets them), give the drafter their
-    features, and sample each request's first token from its last logits row (noise round ``sampling.offset``)."""
+    features, and sample each request's first token from its last logits row (noise round ``sampling.offset``).
+
+    ``defer``: instead of extending the drafter's context now, hand it ``(token_ids [T], features [T, m * hidden],
+    cu [R + 1])`` (as ``RoundOutput.kept``) for a later ``drafter.extend``."""
     dev = target.device
     layers = tuple(drafter.feature_layers)
     lens = torch.tensor([len(p) for p in prompts])
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(dev, torch.int32)
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
     fwd = target(ids, cu, list(rids), tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
-    drafter.extend(dstate, list(rids), ids, features_of(fwd.hidden_states, layers), cu)
+    kept = (ids, features_of(fwd.hidden_states, layers), cu)
+    if defer is None:
+        drafter.extend(dstate, list(rids), *kept)
+    else:
+        defer(kept)
     zero_cu = torch.zeros(len(rids) + 1, dtype=torch.int32, device=dev)
     acc_u, smp_u = (None, None) if sampling.greedy else rejection_noise(sampling.seed, sampling.offset, zero_cu, 0,
                                                                         max_spec_len=0)

@@ -5,11 +5,14 @@
 1. a prefill forward for the queued requests that fit under ``max_batch`` (one ragged forward; their first token
    comes from the prefill logits, noise round 0), then
 2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's
-   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``, and the committed
-   tokens' features wait until the next drafting round to enter the drafter's context), the drafter drafts
+   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts
    ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
    requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified
    drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept tokens.
+
+The drafter's context is extended lazily: the prompt's and every plain step's committed tokens (with their target
+features) wait per request until the request's next drafting round, which extends the context in one call, so a
+policy that does not draft costs no drafter work at all.
 
 An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
 and free their target and drafter caches. Randomness is counter-based per request (round t of seed s uses (s, t)),
@@ -188,8 +191,9 @@ class Engine:
         return done
 
     def _defer_context(self, rids: Sequence[int], kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-        """Keep a plain step's committed tokens and features per request instead of extending the drafter's context:
-        while the policy does not draft, the drafter costs nothing; the next drafting round catches up."""
+        """Keep committed tokens and features (``kept`` of a prefill or a plain step) per request instead of extending
+        the drafter's context: while the policy does not draft, the drafter costs nothing; the next drafting round
+        catches up."""
         ids, feats, cu = kept
         bounds = cu.tolist()
         for j, rid in enumerate(rids):
@@ -218,7 +222,8 @@ class Engine:
             self.drafter.add_request(self.dstate, i)
             self.requests[i].t_start = now
         first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
-                        [self.requests[i].prompt for i in new], self._sampling(new), self.impl)
+                        [self.requests[i].prompt for i in new], self._sampling(new), self.impl,
+                        defer=lambda kept: self._defer_context(new, kept))
         for i, tok in zip(new, first):
             self.requests[i].tokens.append(tok)
             self.requests[i].rounds = 1
