@@ -137,6 +137,10 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
     plain, plain_where = _live_profile(args, target, NullDrafter(), max_c, 1, f"{Path(args.model).name}{suffix}")
     where += f"; plain profile {plain_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
+    warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
+    for run_drafter, gamma in runners.values():
+        run_closed_loop(Engine(target, run_drafter, make_policy("fixed3"), profile, gamma, max_batch=2,
+                               max_seq_len=args.prompt_len + 9 + gamma), warm, 2, 8, temperature=args.temperature)
     points = []
     # every policy at one concurrency back to back: slow drifts of a shared machine's speed hit them alike
     for c in args.concurrency:
