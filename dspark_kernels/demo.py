@@ -18,8 +18,8 @@ import torch
 
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
-from .models.gemm_dtype import GEMM_DTYPES
 from .models.drafter_api import load_drafter
+from .models.gemm_dtype import GEMM_DTYPES
 from .train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
 
 ASSETS = Path(__file__).resolve().parent / "assets"

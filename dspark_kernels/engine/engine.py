@@ -6,9 +6,10 @@
    comes from the prefill logits, noise round 0), then
 2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's
    ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts
-   ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all
-   requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified
-   drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept tokens.
+   ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]``
+   of all requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the
+   verified drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept
+   tokens.
 
 The drafter's context is extended lazily: the prompt's and every plain step's committed tokens (with their target
 features) wait per request until the request's next drafting round, which extends the context in one call, so a

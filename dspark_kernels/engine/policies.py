@@ -23,8 +23,8 @@ On a GPU the draft round is a few percent of a step and the gate stays open; whe
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
-capacity comes from confidences two rounds old, SmartSpec/EMA state and the draft gate come from earlier rounds. ``oracle`` reads
-the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
+capacity comes from confidences two rounds old, SmartSpec/EMA state and the draft gate come from earlier rounds.
+``oracle`` reads the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
 
 Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),
 ``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``dspark+gate``,

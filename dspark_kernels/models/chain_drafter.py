@@ -48,8 +48,8 @@ from ..ops import sequential_head, verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
 from .config import ModelConfig
 from .drafter import DraftLayer
-from .gemm_dtype import cast_gemm_weights
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 from .transformer import CausalLM, RMSNorm
 

@@ -36,8 +36,8 @@ from torch import nn
 
 from ..ops import draft_block_attention, sequential_head
 from .config import ModelConfig
-from .gemm_dtype import cast_gemm_weights
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 from .sequential_head import SequentialHead
 from .transformer import CausalLM, DecoderLayer, RMSNorm

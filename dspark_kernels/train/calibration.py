@@ -365,8 +365,8 @@ def format_table(before: CalibrationMetrics, after: CalibrationMetrics, kind: st
     floor of the calibrated predictions (what a perfectly calibrated head would score on this many rounds)."""
     rows = [f"{kind:11s}     n  rate  ECE before  ECE after  ECE floor  AUROC bef  AUROC aft  Brier bef  Brier aft"]
     for b, a in zip(getattr(before, kind), getattr(after, kind)):
-        rows.append(f"  pos {b.position:2d}  {b.n:7d} {b.mean_label:5.3f}  {b.ece:10.4f} {a.ece:10.4f} {a.ece_floor:10.4f} "
-                    f"{b.auroc:10.4f} {a.auroc:10.4f} {b.brier:10.4f} {a.brier:10.4f}")
+        rows.append(f"  pos {b.position:2d}  {b.n:7d} {b.mean_label:5.3f}  {b.ece:10.4f} {a.ece:10.4f} "
+                    f"{a.ece_floor:10.4f} {b.auroc:10.4f} {a.auroc:10.4f} {b.brier:10.4f} {a.brier:10.4f}")
     return "\n".join(rows)
 
 
