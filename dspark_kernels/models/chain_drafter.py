@@ -344,5 +344,5 @@ def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = 
     ``gemm_dtype``: the linear weights in that dtype (:mod:`.gemm_dtype`)."""
     raw = read_drafter_config(path, "chain")
     del raw["drafter_type"]
-    drafter = load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype)
-    return drafter if gemm_dtype is None else cast_gemm_weights(drafter, gemm_dtype)
+    return cast_gemm_weights(load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype),
+                             gemm_dtype)

@@ -302,4 +302,4 @@ def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = 
     del raw["drafter_type"]
     raw["feature_layers"] = tuple(raw["feature_layers"])
     drafter = load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)
-    return drafter if gemm_dtype is None else cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head])
+    return cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head])

@@ -51,12 +51,15 @@ class CastGemmLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, gemm_dtype={self.weight.dtype}"
 
 
-def cast_gemm_weights(module: nn.Module, dtype: torch.dtype, skip: Iterable[nn.Module] = ()) -> nn.Module:
+def cast_gemm_weights(module: nn.Module, dtype: torch.dtype | str | None,
+                      skip: Iterable[nn.Module] = ()) -> nn.Module:
     """Replace every ``nn.Linear`` inside ``module`` (in place; returns it) by a :class:`CastGemmLinear` holding its
     weight in ``dtype``, except inside the modules of ``skip`` and where the weight already has that dtype (so
-    ``float32`` on an fp32 model changes nothing). A weight tied to an embedding is copied, so the
+    ``float32`` on an fp32 model, or ``None``, changes nothing). A weight tied to an embedding is copied, so the
     embedding keeps its dtype. Inference only: the new weights do not require gradients."""
     dtype = parse_gemm_dtype(dtype)
+    if dtype is None:
+        return module
     skipped = {id(m) for m in skip}
 
     def visit(parent: nn.Module) -> None:

@@ -308,5 +308,4 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     model.load_state_dict(sd, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model = model.eval().requires_grad_(False)
-    return model if gemm_dtype is None else cast_gemm_weights(model, gemm_dtype)
+    return cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype)
