@@ -170,7 +170,7 @@ class _Confident(Policy):
         self.temperatures, self.gate = temperatures, gate
         if gate:
             self.name += "+gate"
-        self._mean_survival: torch.Tensor | None = None
+        self._mean_survival: list[float] | None = None  # host copy: the gate reads it every step
         self._last_drafted = 0
         self._probe_wait = self.GATE_PROBE
 
@@ -184,7 +184,7 @@ class _Confident(Policy):
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        if drafting_pays(self._mean_survival.tolist(), len(live), self.sps_table, self.plain_table):
+        if drafting_pays(self._mean_survival, len(live), self.sps_table, self.plain_table):
             self._probe_wait = self.GATE_PROBE
             return True
         if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
@@ -196,9 +196,10 @@ class _Confident(Policy):
         """Fold this drafted round's survival ``a [R * gamma]`` into the running mean (gated policies only)."""
         if not self.gate:
             return
-        mean = a.view(r, self.gamma).mean(dim=0)
+        mean = a.view(r, self.gamma).mean(dim=0).tolist()  # one read per drafted round, not per step
         old = self._mean_survival
-        self._mean_survival = mean if old is None else (1 - self.GATE_EMA) * old + self.GATE_EMA * mean
+        self._mean_survival = mean if old is None else [(1 - self.GATE_EMA) * o + self.GATE_EMA * m
+                                                        for o, m in zip(old, mean)]
         self._last_drafted = step
 
 
