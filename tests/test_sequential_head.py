@@ -237,6 +237,39 @@ def test_module_rank_zero_is_none_with_confidence_on_hidden():
     torch.testing.assert_close(conf, head.confidence(hidden).squeeze(-1))
 
 
+def test_module_weights_follow_parameter_updates():
+    """``weights().w2`` is a cached row-major copy: it must be refreshed by in-place updates and loads."""
+    head = _random_module("vanilla", 30, 8, 4)
+    first = head.weights().w2
+    assert first.is_contiguous() and torch.equal(first, head.w2.weight.t())
+    assert head.weights().w2 is first  # unchanged weight: no new copy
+    with torch.no_grad():
+        head.w2.weight.add_(1.0)
+    assert torch.equal(head.weights().w2, head.w2.weight.t())
+    head.load_state_dict(_random_module("vanilla", 30, 8, 4).state_dict())
+    assert torch.equal(head.weights().w2, head.w2.weight.t())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("rows, v", [(1, 64), (3, 96), (2, 97)])
+@pytest.mark.parametrize("layout", ["rows", "transposed"])
+def test_reference_markov_bias_matches_plain_product(threads, rows, v, layout):
+    """The reference's thread-chunked bias GEMM equals ``logits + lat @ w2`` for any thread count, vocab (divisible
+    or not) and ``w2`` layout, and leaves its inputs alone."""
+    r = 5
+    w2 = torch.randn(r, v) if layout == "rows" else torch.randn(v, r).t()
+    logits, lat = torch.randn(rows, v), torch.randn(rows, r)
+    before = logits.clone()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = ref_module._add_markov_bias(logits, lat, w2)
+    finally:
+        torch.set_num_threads(saved)
+    torch.testing.assert_close(out, logits + lat @ w2)
+    assert torch.equal(logits, before)
+
+
 def test_module_without_confidence_gives_zero_logits():
     head = _random_module("vanilla", 30, 8, 4)
     head.confidence = None
