@@ -126,9 +126,9 @@ def test_drafting_pays_hand_cases():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter, monkeypatch, temperature):  # noqa: F811
-    """The plain step is modelled 100x faster than a draft step, so the gate closes after the first drafted round
+    """A draft round is modelled 100x slower than a verify step, so the gate closes after the first drafted round
     and reopens only for its probes (every 2nd step here); output stays the target's (greedy: exactly, sampled:
-    chi-square on the first 3 tokens of 3000 requests); an open gate (slow plain step) drafts every round."""
+    chi-square on the first 3 tokens of 3000 requests); an open gate (free draft round) drafts every round."""
     calls = []
     real = drafter.draft
     monkeypatch.setattr(drafter, "draft", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -136,8 +136,8 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
     prompts = [prompt] * n if temperature else PROMPTS
     policy = make_policy("dspark+gate")
     policy.GATE_PROBE = policy.GATE_PROBE_MAX = policy._probe_wait = 2
-    eng = Engine(target, drafter, policy, linear_profile(n * (GAMMA + 1), float(n)), GAMMA, page_size=8, max_batch=n,
-                 max_seq_len=48, plain_profile=flat_profile(n, 100.0))
+    eng = Engine(target, drafter, policy, flat_profile(n * (GAMMA + 1), 100.0), GAMMA, page_size=8, max_batch=n,
+                 max_seq_len=48, draft_profile=flat_profile(n, 1.0))
     out = run_closed_loop(eng, prompts, n, steps, temperature=temperature)
     tokens = [eng.requests[i].tokens for i in out["rids"]]
     assert len(calls) == -(-out["steps"] // 2)  # steps 0, 2, 4, ...: the first round and the probes
@@ -146,20 +146,20 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
     else:
         assert tokens == generate(target, PROMPTS, steps, temperature=0.0).tokens
     calls.clear()
-    open_gate = Engine(target, drafter, make_policy("dspark+gate"), linear_profile(n * (GAMMA + 1), float(n)), GAMMA,
-                       page_size=8, max_batch=n, max_seq_len=48, plain_profile=flat_profile(n, 1e-3))
+    open_gate = Engine(target, drafter, make_policy("dspark+gate"), flat_profile(n * (GAMMA + 1), 100.0), GAMMA,
+                       page_size=8, max_batch=n, max_seq_len=48, draft_profile=flat_profile(n, 1e9))
     out = run_closed_loop(open_gate, prompts, n, steps, temperature=temperature)
     assert len(calls) == out["steps"]
 
 
 def test_closed_gate_probes_less_and_less_and_reopens():
     policy = make_policy("dspark+gate")
-    policy.bind(linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, 4, flat_profile(4, 100.0))
+    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1.0))
     policy.choose(torch.zeros(2, GAMMA), [0, 1], 0)  # one drafted round: survival 0.5, 0.25, ...
     probes = [s for s in range(1, 200) if policy.drafts([0, 1], s) and not policy._remember(
         torch.full((2 * GAMMA,), 0.5), 2, s)]
     assert probes == [8, 24, 56, 120, 184]  # waits 8, 16, 32, 64, 64
-    policy.plain_table = torch.full_like(policy.plain_table, 1e-3)  # now drafting pays: open at once
+    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))  # now drafting pays: open
     assert policy.drafts([0, 1], 185) and policy._probe_wait == policy.GATE_PROBE
 
 
@@ -208,12 +208,31 @@ def test_deferred_drafter_context_catches_up_exactly(target, drafter, monkeypatc
             torch.testing.assert_close(a.confidence_logits, b.confidence_logits, rtol=1e-4, atol=1e-4)
 
 
-def test_gated_policy_needs_the_plain_profile(target, drafter):  # noqa: F811
-    with pytest.raises(ValueError, match="plain SPS profile"):
+def test_gated_policy_needs_the_draft_profile(target, drafter):  # noqa: F811
+    with pytest.raises(ValueError, match="draft-round profile"):
         engine(target, drafter, "dspark_prod+gate")
-    with pytest.raises(ValueError, match="measured up to"):
-        Engine(target, drafter, make_policy("dspark+gate"), linear_profile(20, 4.0), GAMMA, max_batch=4,
-               plain_profile=flat_profile(2, 1.0))
+    with pytest.raises(ValueError, match="measured up to B = 2 requests"):
+        Engine(target, drafter, make_policy("dspark+gate"), linear_profile(40, 4.0), GAMMA, max_batch=4,
+               draft_profile=flat_profile(2, 1.0))
+
+
+def test_step_table_adds_the_draft_round_of_the_live_requests():
+    """``1 / (1 / SPS(B) + 1 / DPS(R))``: the draft round of R requests is charged at every B, and grows with R, so
+    the gate can be open for one request and closed for two."""
+    policy = make_policy("dspark+gate")
+    sps = SPSProfile("test", "t", (1, 2, 3, 4, 5, 6, 7, 8), ((10.0, 10.0, 5.0, 5.0, 4.0, 4.0, 2.0, 2.0),),
+                     source="modelled")
+    draft = SPSProfile("test", "d", (1, 2), ((40.0, 5.0),), source="modelled")
+    policy.bind(sps, 3, 2, draft)
+    torch.testing.assert_close(policy.step_table(1)[1:], 1.0 / (1.0 / torch.tensor(sps.steps_per_s[0]) + 1 / 40.0))
+    assert float(policy.step_table(2)[4]) == pytest.approx(1.0 / (1 / 5.0 + 1 / 5.0))
+    assert torch.equal(policy.sps_table, sps.as_table(8))  # the plain rate the gate compares with
+    policy._mean_survival = [0.9, 0.9, 0.9]
+    # r = 1, k = 1: 1.9 * 1 / (0.1 + 0.025) = 15.2 > 10; r = 2: at best 2 * 1.9 * 2.5 = 9.5 < 2 * 10 = 20
+    assert policy.drafts([0], 1) and not policy.drafts([0, 1], 1)
+    plain = make_policy("dspark")
+    plain.bind(sps, 3, 2)
+    assert plain.step_table(2) is plain.sps_table  # no draft profile: drafting taken as free
 
 
 @pytest.fixture(scope="module")
@@ -322,4 +341,4 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     assert data["readouts"]["per_user_at_matched_throughput_vs_mtp1"][0]["vs_mtp1"]["mtp1"] == pytest.approx(1.0)
     assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
     if mode == "live":
-        assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # with the draft round, and the target alone
+        assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # the target's verify steps, the draft rounds

@@ -6,10 +6,11 @@ Two modes, same outputs:
   shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded), all
   policies of one concurrency back to back. The baselines pay only for the drafting they use: ``none`` runs without a
   drafter, ``mtp1`` with the shipped MTP-1 drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
-  machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). The SPS profiles (model keys
-  ``<target>+<drafter>[+bfloat16]`` with the draft round, ``<target>[+bfloat16]`` without, for the draft gate) are
-  loaded from ``autotune/sps/`` when present for this device, else measured here by :func:`measure_profile` (one
-  request with a ``--prompt-len`` context: a draft round, then a verify forward of B tokens, rolled back) and saved.
+  machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
+  target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
+  drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``, :func:`measure_draft_profile`).
+  They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
+  ``--prompt-len`` contexts) and saved.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -59,31 +60,48 @@ def device_name() -> str:
     return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
 
 
-def measure_profile(target, drafter, max_tokens: int, context: int, gamma: int, model: str) -> SPSProfile:
-    """The engine step's rate for ``target`` + ``drafter`` at every verify batch B = 1..``max_tokens``: one request
-    holding ``context`` tokens drafts ``gamma`` tokens (T = 1), then the target verifies B tokens (rolled back).
-
-    The drafter's round is part of the step the scheduler pays for (the paper's SPS is the engine's throughput), and
-    is already spent when Algorithm 1 chooses B; on a GPU it is a small share, on this CPU about a third of a round.
-    Every size is measured: a sparse profile would read as a staircase whose first token past each measured size never
-    pays, and Algorithm 1 would stop there. With a :class:`NullDrafter` this is the target's plain profile (a decode
-    step of B tokens, no draft), which the draft gate compares against.
-    """
-    pages = -(-(context + max_tokens + gamma + 1) // 16)
-    cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
+def measure_target_profile(target, max_tokens: int, context: int, model: str) -> SPSProfile:
+    """The target's verify steps/s at every batch B = 1..``max_tokens``: one request holding ``context`` tokens
+    verifies B tokens (rolled back). Every size is measured: a sparse profile would read as a staircase whose first
+    token past each measured size never pays, and Algorithm 1 would stop there."""
+    pages = -(-(context + max_tokens) // 16)
+    cache = target.new_cache(pages, 16)
     cache.add_request(0)
-    drafter.add_request(dstate, 0)
     dev = target.device
-    sampling = Sampling.of([1.0], [0], [1.0], [0], [0], dev)
-    anchor = torch.tensor(prefill(target, drafter, cache, dstate, [0], [[1] * context], sampling), device=dev)
+    target(torch.ones(context, dtype=torch.int64, device=dev), torch.tensor([0, context], dtype=torch.int32,
+           device=dev), [0], cache)
 
     def step(b: int) -> None:
-        draft(drafter, dstate, [0], anchor, gamma, sampling)
         target(torch.ones(b, dtype=torch.int64, device=dev), torch.tensor([0, b], dtype=torch.int32, device=dev),
                [0], cache, check_inputs=False)
         cache.rollback(0, b)
 
     return profile_target(step, max_tokens, device=device_name(), model=model, warmup=1, repeats=5)
+
+
+def measure_draft_profile(target, drafter, max_requests: int, context: int, gamma: int, model: str) -> SPSProfile:
+    """The drafter's rounds/s at every request count R = 1..``max_requests``: R requests holding ``context`` tokens
+    each draft ``gamma`` tokens (T = 1). The round is already spent when a policy picks verify lengths, and grows with
+    R: on a GPU it is a few percent of a step, on this CPU about a third of a round at R = 1."""
+    pages = max_requests * -(-(context + gamma + 1) // 16)
+    cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
+    rids = list(range(max_requests))
+    for rid in rids:
+        cache.add_request(rid)
+        drafter.add_request(dstate, rid)
+    dev = target.device
+
+    def sampling(r: int) -> Sampling:
+        return Sampling.of([1.0] * r, [0] * r, [1.0] * r, list(range(r)), [0] * r, dev)
+
+    anchors = torch.tensor(prefill(target, drafter, cache, dstate, rids, [[1] * context] * max_requests,
+                                   sampling(max_requests)), device=dev)
+    samplings = {r: sampling(r) for r in range(1, max_requests + 1)}
+
+    def step(r: int) -> None:
+        draft(drafter, dstate, rids[:r], anchors[:r], gamma, samplings[r])
+
+    return profile_target(step, max_requests, device=device_name(), model=model, warmup=1, repeats=5)
 
 
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
@@ -119,23 +137,29 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     return drafter, args.gamma
 
 
-def _live_profile(args, target, drafter, max_tokens: int, gamma: int, model: str) -> tuple[SPSProfile, str]:
-    """The stored SPS profile of ``model`` on this device, else one measured now (and saved)."""
+def _live_profile(args, model: str, size: int, measure) -> tuple[SPSProfile, str]:
+    """The stored profile of ``model`` on this device when it reaches ``size``, else ``measure(size, model)`` (saved
+    in its place)."""
     try:
-        return load_profile(device_name(), model, args.sps_dir), "loaded"
+        profile = load_profile(device_name(), model, args.sps_dir)
+        if profile.batch_sizes[-1] >= size:
+            return profile, "loaded"
     except FileNotFoundError:
-        profile = measure_profile(target, drafter, max_tokens, args.prompt_len, gamma, model)
-        return profile, f"measured, saved to {profile.save(args.sps_dir)}"
+        pass
+    profile = measure(size, model)
+    return profile, f"measured, saved to {profile.save(args.sps_dir)}"
 
 
 def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
-    # the step includes this drafter's round (the plain profile: the target alone); bf16 GEMMs give other profiles
+    # bf16 GEMMs give other profiles than fp32 ones
     suffix = "" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}"
-    max_c = max(args.concurrency)
-    profile, where = _live_profile(args, target, drafter, max_c * (args.gamma + 1), args.gamma,
-                                   f"{Path(args.model).name}+{Path(args.drafter).name}{suffix}")
-    plain, plain_where = _live_profile(args, target, NullDrafter(), max_c, 1, f"{Path(args.model).name}{suffix}")
-    where += f"; plain profile {plain_where}"
+    max_c, target_name = max(args.concurrency), Path(args.model).name
+    profile, where = _live_profile(args, f"{target_name}{suffix}", max_c * (args.gamma + 1),
+                                   lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
+    draft_profile, draft_where = _live_profile(
+        args, f"{target_name}+{Path(args.drafter).name}-rounds{suffix}", max_c,
+        lambda n, model: measure_draft_profile(target, drafter, n, args.prompt_len, args.gamma, model))
+    where += f"; draft-round profile {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
     for run_drafter, gamma in runners.values():
@@ -148,7 +172,8 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
                                       target.config.vocab_size, args.seed)
         for name, (run_drafter, gamma) in list(runners.items()):
             eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
-                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1, plain_profile=plain)
+                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1,
+                         draft_profile=draft_profile if run_drafter is drafter else None)
             try:
                 out = run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature)
             except ValueError as e:

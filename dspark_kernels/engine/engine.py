@@ -115,14 +115,16 @@ def _cat(xs: list[torch.Tensor], dtype) -> np.ndarray:
 class Engine:
     """Continuous batching over ``target`` + ``drafter`` with verify lengths from ``policy`` (see module docstring).
 
-    ``sps_profile`` (a step with the draft round) and, for the gated policies, ``plain_profile`` (the target's step
-    alone) are bound to the policy (their tables must reach B = ``max_batch``). The KV pools hold ``max_batch``
-    requests of up to ``max_seq_len`` tokens (prompt + new tokens + gamma + 1) each.
+    ``sps_profile`` (the target's verify steps/s by token count) and ``draft_profile`` (the drafter's rounds/s by
+    request count; optional, required by the gated policies) are bound to the policy: see
+    :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round is taken as
+    free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to ``max_seq_len``
+    tokens (prompt + new tokens + gamma + 1) each.
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
-                 plain_profile: SPSProfile | None = None) -> None:
+                 draft_profile: SPSProfile | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
         if policy.replay_only:
@@ -130,7 +132,7 @@ class Engine:
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        policy.bind(sps_profile, gamma, max_batch, plain_profile)
+        policy.bind(sps_profile, gamma, max_batch, draft_profile)
         self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
         self.max_batch, self.max_seq_len, self.impl = max_batch, max_seq_len, impl
         self.device = target.device

@@ -5,21 +5,24 @@ Every policy is used in two steps per round::
     lens = policy.choose(conf_logits, live, step)   # conf_logits [R, gamma] float32 or None -> lens [R] int64
     policy.observe(accepted, lens)                  # accepted [R]: drafts accepted this round (stateful policies)
 
-after a one-time ``policy.bind(sps_profile, gamma, max_batch, plain_profile)`` that gives it the SPS table
-(``SPSProfile.as_table`` up to ``max_batch * (gamma + 1)`` tokens) and checks that the profile covers a batch of
-``max_batch`` requests. ``live`` are the requests' ids, ``step`` the engine's round counter. Lengths stay on the
-confidences' device.
+after a one-time ``policy.bind(sps_profile, gamma, max_batch, draft_profile)`` that gives it the SPS table
+(``SPSProfile.as_table`` up to ``max_batch * (gamma + 1)`` tokens: the target's verify steps/s by token count B) and,
+optionally, the drafter's rounds/s by request count R (``draft_profile``, up to ``max_batch`` requests). With a draft
+profile, a round of R requests verifying B tokens is modelled to take ``1 / SPS(B) + 1 / DPS(R)`` seconds
+(:meth:`Policy.step_table`): the draft round grows with the batch like the verify forward does. Without one the draft
+round is taken as free (a GPU, where it is a few percent of a step) or as already inside ``sps_profile``. ``live``
+are the requests' ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
 
 Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no, the round is a plain decode step
 (no draft, verify length 0). ``none`` never drafts. The gated DSpark policies (``dspark+gate``,
-``dspark_prod+gate``) draft only when drafting is expected to pay: the engine's SPS profile with the draft round
-included (``sps_profile``) against the target's own profile without it (``plain_profile``), with the expected
-accepted length from the running mean of the calibrated survival of earlier drafted rounds
-(:func:`drafting_pays`); while the gate is closed they still probe (draft) after ``GATE_PROBE`` steps to refresh
-that mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``. Plain steps defer the drafter's
-context (the engine extends it when drafting resumes), so a closed gate costs no drafter work at all.
-On a GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a decode step
-(this repository's CPU) it is what keeps speculation from falling below plain decoding.
+``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft round of the live
+requests included against the target's plain rate, with the expected accepted length from the running mean of the
+calibrated survival of earlier drafted rounds (:func:`drafting_pays`); while the gate is closed they still probe
+(draft) after ``GATE_PROBE`` steps to refresh that mean, doubling the wait after each unprofitable probe up to
+``GATE_PROBE_MAX``. Plain steps defer the drafter's context (the engine extends it when drafting resumes), so a
+closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays
+open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below
+plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -81,22 +84,33 @@ class Policy:
     name = "policy"
     needs_confidence = False
     replay_only = False
-    plain_table: torch.Tensor | None = None
+    draft_table: torch.Tensor | None = None
 
-    def bind(self, profile: SPSProfile, gamma: int, max_batch: int, plain_profile: SPSProfile | None = None) -> None:
-        """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens (and, when given, the plain
-        table of ``plain_profile`` up to ``max_batch``); ``ValueError`` when a profile does not reach a batch of
-        ``max_batch`` tokens (one per request)."""
+    def bind(self, profile: SPSProfile, gamma: int, max_batch: int, draft_profile: SPSProfile | None = None) -> None:
+        """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens and, when given, the draft
+        table ``[max_batch + 1]`` of ``draft_profile`` (rounds/s by request count); ``ValueError`` when a profile
+        does not reach ``max_batch`` (tokens for the SPS profile, one per request; requests for the draft one)."""
         if not isinstance(gamma, int) or gamma < 1 or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"gamma and max_batch must be ints >= 1, got {gamma!r}, {max_batch!r}")
-        tables = [(p, p.as_table(max_batch * (gamma + 1) if p is profile else max_batch))
-                  for p in (profile, plain_profile) if p is not None]
-        for p, table in tables:
+        tables = [(p, p.as_table(max_batch * (gamma + 1) if p is profile else max_batch), unit)
+                  for p, unit in ((profile, "tokens"), (draft_profile, "requests")) if p is not None]
+        for p, table, unit in tables:
             if table.numel() - 1 < max_batch:
-                raise ValueError(f"SPS profile {p.device}/{p.model} is measured up to B = {table.numel() - 1} tokens,"
-                                 f" fewer than the {max_batch} requests of a full batch (one token each)")
+                raise ValueError(f"SPS profile {p.device}/{p.model} is measured up to B = {table.numel() - 1} {unit},"
+                                 f" fewer than the {max_batch} requests of a full batch")
         self.sps_table, self.gamma = tables[0][1], gamma
-        self.plain_table = tables[1][1] if plain_profile is not None else None
+        self.draft_table = tables[1][1] if draft_profile is not None else None
+        self._step_tables: dict[int, torch.Tensor] = {}
+
+    def step_table(self, r: int) -> torch.Tensor:
+        """Rounds/s of ``r`` requests by verified tokens B (index B): ``1 / (1 / SPS(B) + 1 / DPS(r))`` with a draft
+        profile bound (the live requests' draft round added to every verify forward), else the SPS table itself."""
+        if self.draft_table is None:
+            return self.sps_table
+        table = self._step_tables.get(r)
+        if table is None:
+            table = self._step_tables[r] = 1.0 / (1.0 / self.sps_table + 1.0 / float(self.draft_table[r]))
+        return table
 
     def drafts(self, live: Sequence, step: int) -> bool:
         """Whether the engine should draft this round (False: a plain decode step). Default: always."""
@@ -174,17 +188,18 @@ class _Confident(Policy):
         self._last_drafted = 0
         self._probe_wait = self.GATE_PROBE
 
-    def bind(self, profile, gamma, max_batch, plain_profile=None):
-        super().bind(profile, gamma, max_batch, plain_profile)
+    def bind(self, profile, gamma, max_batch, draft_profile=None):
+        super().bind(profile, gamma, max_batch, draft_profile)
         if self.temperatures is not None and self.temperatures.numel() < gamma:
             raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
-        if self.gate and plain_profile is None:
-            raise ValueError(f"policy {self.name!r} needs the target's plain SPS profile (Engine(plain_profile=...))")
+        if self.gate and draft_profile is None:
+            raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
+                             "(Engine(draft_profile=...)) to know what a draft round costs")
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        if drafting_pays(self._mean_survival, len(live), self.sps_table, self.plain_table):
+        if drafting_pays(self._mean_survival, len(live), self.step_table(len(live)), self.sps_table):
             self._probe_wait = self.GATE_PROBE
             return True
         if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
@@ -225,7 +240,7 @@ class DSpark(_Confident):
     def choose(self, conf_logits, live, step, realised=None):
         a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
         self._remember(a, len(live), step)
-        table = self.sps_table.to(a.device)
+        table = self.step_table(len(live)).to(a.device)
         return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
@@ -247,7 +262,7 @@ class DSparkProd(_Confident):
     def choose(self, conf_logits, live, step, realised=None):
         a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
         self._remember(a, len(live), step)
-        table = self.sps_table.to(a.device)
+        table = self.step_table(len(live)).to(a.device)
         if len(self._history) < self.STALENESS:
             lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False)
         else:
@@ -272,13 +287,14 @@ class SmartSpec(Policy):
         self._alpha_dev: torch.Tensor | None = None
 
     def _decide(self, r: int) -> int:
-        bmax = self.sps_table.numel() - 1
-        best_k, best = 0, self.prior * r * float(self.sps_table[r])
+        table = self.step_table(r)
+        bmax = table.numel() - 1
+        best_k, best = 0, self.prior * r * float(table[r])
         for k in range(1, self.gamma + 1):
             if r * (1 + k) > bmax:
                 break
             tau = float(k + 1) if self.alpha >= 1 else (1 - self.alpha ** (k + 1)) / (1 - self.alpha)
-            g = r * tau * float(self.sps_table[r * (1 + k)])
+            g = r * tau * float(table[r * (1 + k)])
             if g <= best:
                 break
             best_k, best = k, g
