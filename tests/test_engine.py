@@ -330,7 +330,7 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
                               "--trace-prompts", "4", "--corpus", str(tmp_path / "none"), "--sps-dir",
                               str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
                               "--policies", "none", "mtp1", "dspark", "dspark+gate", "oracle",
-                              "--mtp1-drafter", str(tmp_path / "no_mtp1")])
+                              "--mtp1-drafter", str(tmp_path / "no_mtp1"), "--repeats", "2"])
     serving.main(args)
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()
@@ -341,4 +341,5 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     assert data["readouts"]["per_user_at_matched_throughput_vs_mtp1"][0]["vs_mtp1"]["mtp1"] == pytest.approx(1.0)
     assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
     if mode == "live":
+        assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
         assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # the target's verify steps, the draft rounds

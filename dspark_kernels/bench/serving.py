@@ -17,7 +17,8 @@ Two modes, same outputs:
   1024, without running the model.
 
 Per point: per-user tokens/s (median, p10), system tokens/s, tau (tokens per request-round), verified and rejected
-drafts per request-round, waste = rejected / verified. Read-outs: (a) system throughput at fixed per-user speeds,
+drafts per request-round, waste = rejected / verified; a live point is the median (by system tokens/s) of
+``--repeats`` runs, whose system tokens/s it lists. Read-outs: (a) system throughput at fixed per-user speeds,
 (b) per-user speed at the throughput of each mtp1 point, relative to mtp1; both interpolated on each policy's Pareto
 frontier. Writes ``--json``, and ``.csv`` and ``.png`` (Pareto plot) next to it.
 
@@ -166,26 +167,32 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
         run_closed_loop(Engine(target, run_drafter, make_policy("fixed3"), profile, gamma, max_batch=2,
                                max_seq_len=args.prompt_len + 9 + gamma), warm, 2, 8, temperature=args.temperature)
     points = []
-    # every policy at one concurrency back to back: slow drifts of a shared machine's speed hit them alike
+    # every policy at one concurrency back to back, --repeats times round-robin: slow drifts of a shared machine's
+    # speed hit them alike, and the median run of each point drops the outliers
     for c in args.concurrency:
         prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
                                       target.config.vocab_size, args.seed)
-        for name, (run_drafter, gamma) in list(runners.items()):
-            eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
-                         max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1,
-                         draft_profile=draft_profile if run_drafter is drafter else None)
-            try:
-                out = run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature)
-            except ValueError as e:
-                if "confidence head" not in str(e):
-                    raise
-                print(f"skip {name}: {e}", flush=True)
-                del runners[name]
-                continue
+        runs: dict[str, list[dict]] = {}
+        for _ in range(args.repeats):
+            for name, (run_drafter, gamma) in list(runners.items()):
+                eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
+                             max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1,
+                             draft_profile=draft_profile if run_drafter is drafter else None)
+                try:
+                    runs.setdefault(name, []).append(
+                        run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature))
+                except ValueError as e:
+                    if "confidence head" not in str(e):
+                        raise
+                    print(f"skip {name}: {e}", flush=True)
+                    del runners[name], runs[name]
+        for name, outs in runs.items():
+            out = sorted(outs, key=lambda o: o["system_tps"])[len(outs) // 2]
             speeds = out["per_user_tps"]
             points.append({
                 "policy": name, "concurrency": c, "per_user_tps_median": statistics.median(speeds),
                 "per_user_tps_p10": float(np.percentile(speeds, 10)), "system_tps": out["system_tps"],
+                "system_tps_runs": [o["system_tps"] for o in outs],
                 "tau": out["tau"], "verified_tokens": out["verified_per_round"],
                 "rejected_tokens": out["rejected_per_round"], "waste": out["waste"], "steps": out["steps"],
                 "requests": len(speeds), "elapsed_s": out["elapsed_s"], "prompts": source,
@@ -356,6 +363,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--domain", default="prose")
     p.add_argument("--requests-per-level", type=int, default=3, help="live: requests = this x concurrency")
     p.add_argument("--min-requests", type=int, default=4, help="live: at least this many requests per point")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="live: runs per point, round-robin over the policies; the point is the median run")
     p.add_argument("--trace-prompts", type=int, default=32, help="replay: prompts decoded to record traces")
     p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
     p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
@@ -367,6 +376,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.concurrency is None:
         args.concurrency = list(LIVE_CONCURRENCY if args.mode == "live" else REPLAY_CONCURRENCY)
     data = run(args)
