@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dspark_kernels.engine.engine import Engine, run_closed_loop
-from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, drafting_pays, make_policy
+from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, drafting_gain, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
@@ -115,13 +115,15 @@ def flat_profile(max_b: int, rate: float) -> SPSProfile:
     return SPSProfile("test", "tiny-plain", sizes, ((rate,) * max_b,), source="modelled")
 
 
-def test_drafting_pays_hand_cases():
+def test_drafting_gain_hand_cases():
     draft = torch.tensor([0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0])  # steps/s by verified tokens, B = 0..8
     plain = torch.tensor([0.0, 20.0, 18.0])
-    assert drafting_pays([0.9, 0.8], 1, draft, plain)  # k = 2: (1 + 0.9 + 0.8) * 8 = 21.6 > 20
-    assert not drafting_pays([0.5, 0.25], 1, draft, plain)  # best: (1.75) * 8 = 14 < 20
-    assert not drafting_pays([0.9, 0.8, 0.7, 0.6], 2, draft, plain)  # 2 * 2.7 * 6 = 32.4 < 36; k = 3 is past B = 8
-    assert drafting_pays([1.0, 1.0, 1.0], 2, draft, torch.tensor([0.0, 20.0, 10.0]))  # 2 * 3 * 6 = 36 > 20
+    assert drafting_gain([0.9, 0.8], 1, draft, plain) == pytest.approx(21.6 / 20)  # k = 2: (1 + 0.9 + 0.8) * 8
+    assert drafting_gain([0.5, 0.25], 1, draft, plain) == pytest.approx(14 / 20)  # best k = 2: 1.75 * 8
+    # best k = 2: 2 * 2.7 * 5 = 27 against 2 * 18 = 36; k = 4 is past B = 8
+    assert drafting_gain([0.9, 0.8, 0.7, 0.6], 2, draft, plain) == pytest.approx(27 / 36)
+    # best k = 2: 2 * 3 * 5 = 30 against 2 * 10 = 20
+    assert drafting_gain([1.0, 1.0, 1.0], 2, draft, torch.tensor([0.0, 20.0, 10.0])) == pytest.approx(30 / 20)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -152,15 +154,43 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
     assert len(calls) == out["steps"]
 
 
+def _gate(draft_rate: float):
+    """A gated policy with a constant mean survival of 0.5 per position: two requests draft (1 + 0.5 * 4) = 3 tokens a
+    round at ``1 / (1 / 100 + 1 / draft_rate)`` rounds/s against 100 plain steps/s."""
+    policy = make_policy("dspark+gate")
+    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, draft_rate))
+    policy._mean_survival = [0.5] * GAMMA
+    return policy
+
+
+def _probes(policy, steps):
+    out = []
+    for s in steps:
+        if policy.drafts([0, 1], s):
+            out.append(s)
+            policy._last_drafted = s
+    return out
+
+
 def test_closed_gate_probes_less_and_less_and_reopens():
+    near = _gate(42.0)  # gain 3 / (1 + 100 / 42) = 0.89: probes back off 8, 16, 32, ... up to 256
+    assert _probes(near, range(1, 800)) == [8, 24, 56, 120, 248, 504, 760]
+    far = _gate(10.0)  # gain 3 / 11 = 0.27: after the first probe it waits the longest at once
+    assert _probes(far, range(1, 800)) == [8, 264, 520, 776]
+    far.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))  # drafting pays now: open
+    assert far.drafts([0, 1], 777) and far._probe_wait == far.GATE_PROBE
+
+
+def test_gate_mean_survival_is_a_plain_mean_before_the_ema():
     policy = make_policy("dspark+gate")
     policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1.0))
-    policy.choose(torch.zeros(2, GAMMA), [0, 1], 0)  # one drafted round: survival 0.5, 0.25, ...
-    probes = [s for s in range(1, 200) if policy.drafts([0, 1], s) and not policy._remember(
-        torch.full((2 * GAMMA,), 0.5), 2, s)]
-    assert probes == [8, 24, 56, 120, 184]  # waits 8, 16, 32, 64, 64
-    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))  # now drafting pays: open
-    assert policy.drafts([0, 1], 185) and policy._probe_wait == policy.GATE_PROBE
+    for i, v in enumerate([0.2, 0.8, 0.5]):
+        policy._remember(torch.full((2 * GAMMA,), v), 2, i)
+    assert policy._mean_survival == pytest.approx([0.5] * GAMMA)
+    for i in range(3, 30):
+        policy._remember(torch.full((2 * GAMMA,), 1.0), 2, i)
+    # rounds 1..10 (weight 1 / n): the plain mean of 0.5 x 3 and 1 x 7 = 0.85; rounds 11..30 weigh GATE_EMA each
+    assert policy._mean_survival[0] == pytest.approx(1 - 0.15 * (1 - policy.GATE_EMA) ** 20)
 
 
 class _DraftFrom(FixedK):

@@ -52,6 +52,7 @@ from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
 REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+PROFILE_REPEATS = 20  # timed calls per size: on a CPU, steps of neighbouring sizes differ less than 5 calls' noise
 
 
 def device_name() -> str:
@@ -77,7 +78,7 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
                [0], cache, check_inputs=False)
         cache.rollback(0, b)
 
-    return profile_target(step, max_tokens, device=device_name(), model=model, warmup=1, repeats=5)
+    return profile_target(step, max_tokens, device=device_name(), model=model, warmup=3, repeats=PROFILE_REPEATS)
 
 
 def measure_draft_profile(target, drafter, max_requests: int, context: int, gamma: int, model: str) -> SPSProfile:
@@ -102,7 +103,7 @@ def measure_draft_profile(target, drafter, max_requests: int, context: int, gamm
     def step(r: int) -> None:
         draft(drafter, dstate, rids[:r], anchors[:r], gamma, samplings[r])
 
-    return profile_target(step, max_requests, device=device_name(), model=model, warmup=1, repeats=5)
+    return profile_target(step, max_requests, device=device_name(), model=model, warmup=3, repeats=PROFILE_REPEATS)
 
 
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:

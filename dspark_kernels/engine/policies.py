@@ -17,12 +17,13 @@ Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no,
 (no draft, verify length 0). ``none`` never drafts. The gated DSpark policies (``dspark+gate``,
 ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft round of the live
 requests included against the target's plain rate, with the expected accepted length from the running mean of the
-calibrated survival of earlier drafted rounds (:func:`drafting_pays`); while the gate is closed they still probe
+calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1); while the gate is closed they still probe
 (draft) after ``GATE_PROBE`` steps to refresh that mean, doubling the wait after each unprofitable probe up to
-``GATE_PROBE_MAX``. Plain steps defer the drafter's context (the engine extends it when drafting resumes), so a
-closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays
-open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below
-plain decoding.
+``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below
+``GATE_FAR``: the accepted length would have to grow by a third, which one more probe will not show). Plain steps
+defer the drafter's context (the engine extends it when drafting resumes), so a closed gate costs no drafter work at
+all. On a GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a
+decode step (this repository's CPU) it is what keeps speculation from falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -49,7 +50,7 @@ from ..ops.survival import (
 )
 from .sps import SPSProfile
 
-__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "drafting_pays",
+__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "drafting_gain",
            "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
@@ -58,24 +59,23 @@ POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5"
 GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
 
 
-def drafting_pays(mean_survival: Sequence[float], r: int, draft_table: torch.Tensor, plain_table: torch.Tensor
-                  ) -> bool:
-    """Whether a draft round is expected to beat a plain decode step for ``r`` requests.
+def drafting_gain(mean_survival: Sequence[float], r: int, draft_table: torch.Tensor, plain_table: torch.Tensor
+                  ) -> float:
+    """How much faster a draft round is expected to be than a plain decode step for ``r`` requests (> 1: it pays).
 
     ``mean_survival [gamma]``: mean calibrated prefix survival per position; ``draft_table``/``plain_table``: steps/s
-    by token count with / without the draft round. Drafting pays when some common verify length k gives
-    ``r * (1 + sum_{j <= k} a_j) * draft_table[r (1 + k)] > r * plain_table[r]`` (tokens/s with vs without).
+    by token count with / without the draft round. The gain is the best, over common verify lengths k, of
+    ``r * (1 + sum_{j <= k} a_j) * draft_table[r (1 + k)] / (r * plain_table[r])`` (tokens/s with vs without).
     """
     plain = r * float(plain_table[r])
-    expected, bmax = 1.0, draft_table.numel() - 1
+    expected, bmax, best = 1.0, draft_table.numel() - 1, 0.0
     for k in range(len(mean_survival) + 1):
         if k:
             expected += float(mean_survival[k - 1])
         if r * (1 + k) > bmax:
             break
-        if r * expected * float(draft_table[r * (1 + k)]) > plain:
-            return True
-    return False
+        best = max(best, r * expected * float(draft_table[r * (1 + k)]) / plain)
+    return best
 
 
 class Policy:
@@ -172,9 +172,10 @@ class _Confident(Policy):
     ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``plain_profile``."""
 
     needs_confidence = True
-    GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival
+    GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (the plain mean until then)
     GATE_PROBE = 8  # once closed, the gate still drafts (probes) after this many steps ...
-    GATE_PROBE_MAX = 64  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
+    GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
+    GATE_FAR = 0.75  # ... or waiting the longest at once while the modelled gain of drafting is below this
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
         if temperatures is not None:
@@ -185,6 +186,7 @@ class _Confident(Policy):
         if gate:
             self.name += "+gate"
         self._mean_survival: list[float] | None = None  # host copy: the gate reads it every step
+        self._drafted_rounds = 0
         self._last_drafted = 0
         self._probe_wait = self.GATE_PROBE
 
@@ -199,11 +201,13 @@ class _Confident(Policy):
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        if drafting_pays(self._mean_survival, len(live), self.step_table(len(live)), self.sps_table):
+        gain = drafting_gain(self._mean_survival, len(live), self.step_table(len(live)), self.sps_table)
+        if gain > 1:
             self._probe_wait = self.GATE_PROBE
             return True
         if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
-            self._probe_wait = min(2 * self._probe_wait, self.GATE_PROBE_MAX)
+            self._probe_wait = self.GATE_PROBE_MAX if gain < self.GATE_FAR else min(2 * self._probe_wait,
+                                                                                    self.GATE_PROBE_MAX)
             return True
         return False
 
@@ -212,9 +216,10 @@ class _Confident(Policy):
         if not self.gate:
             return
         mean = a.view(r, self.gamma).mean(dim=0).tolist()  # one read per drafted round, not per step
-        old = self._mean_survival
-        self._mean_survival = mean if old is None else [(1 - self.GATE_EMA) * o + self.GATE_EMA * m
-                                                        for o, m in zip(old, mean)]
+        self._drafted_rounds += 1
+        w = max(1.0 / self._drafted_rounds, self.GATE_EMA)
+        old = self._mean_survival or mean
+        self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)]
         self._last_drafted = step
 
 
