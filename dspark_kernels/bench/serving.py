@@ -362,7 +362,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domain", default="prose")
-    p.add_argument("--requests-per-level", type=int, default=3, help="live: requests = this x concurrency")
+    p.add_argument("--requests-per-level", type=int, default=8, help="live: requests = this x concurrency")
     p.add_argument("--min-requests", type=int, default=4, help="live: at least this many requests per point")
     p.add_argument("--repeats", type=int, default=3,
                    help="live: runs per point, round-robin over the policies; the point is the median run")
