@@ -1,8 +1,12 @@
-"""Reference for the parallel drafter's block attention: block queries over projected context K/V plus the block."""
+"""Reference for the parallel drafter's block attention: block queries over projected context K/V plus the block.
+
+All requests are computed as one padded batch (in groups bounded by the score size), not one by one."""
 
 from __future__ import annotations
 
 import torch
+
+from ._paged_attention import gather_pages, masked_gqa_attention, padded_rows, request_groups, zero_rows
 
 
 def draft_block_attention_ref(
@@ -30,18 +34,19 @@ def draft_block_attention_ref(
         ``[total_q, Hq, D]`` in ``q.dtype``; math in fp32.
     """
     out = torch.empty_like(q)
-    page_size = k_cache.shape[1]
-    group = q.shape[1] // k_cache.shape[2]
-    cu = cu_seqlens_q.tolist()
-    lens = ctx_lens.tolist()
-    for r in range(len(lens)):
-        q0, q1 = cu[r], cu[r + 1]
-        if q1 == q0:
+    cu = cu_seqlens_q.long()
+    q_lens_t, ctx_t = cu[1:] - cu[:-1], ctx_lens.long()
+    q_lens, ctx = q_lens_t.tolist(), ctx_t.tolist()
+    for g in request_groups(q_lens, [c + n for c, n in zip(ctx, q_lens)], q.shape[1]):
+        max_q, max_ctx = max(q_lens[g]), max(ctx[g])
+        if max_q == 0:
             continue
-        pos = torch.arange(lens[r], device=q.device)
-        pages = page_table[r].long()[pos // page_size]
-        k = torch.cat([k_cache[pages, pos % page_size], k_block[q0:q1]]).float().repeat_interleave(group, dim=1)
-        v = torch.cat([v_cache[pages, pos % page_size], v_block[q0:q1]]).float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k) * sm_scale
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+        rows, valid = padded_rows(cu[:-1][g], q_lens_t[g], max_q, q.shape[0])
+        ctx_ok = torch.arange(max_ctx, device=q.device) < ctx_t[g, None]
+        key_ok = torch.cat([ctx_ok, valid], dim=1)  # [n, context keys then block keys]
+        # the blocks' padding rows are zeros, like the context's
+        k = torch.cat([gather_pages(k_cache, page_table[g], ctx_t[g], max_ctx), zero_rows(k_block[rows], ~valid)], 1)
+        v = torch.cat([gather_pages(v_cache, page_table[g], ctx_t[g], max_ctx), zero_rows(v_block[rows], ~valid)], 1)
+        o = masked_gqa_attention(q[rows], k, v, ~key_ok[:, None, :].expand(-1, max_q, -1), sm_scale)
+        out[rows[valid]] = o[valid].to(q.dtype)
     return out

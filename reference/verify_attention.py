@@ -1,8 +1,12 @@
-"""Reference for ragged, causal attention of new tokens over a paged KV cache (the target's verify step)."""
+"""Reference for ragged, causal attention of new tokens over a paged KV cache (the target's verify step).
+
+All requests are computed as one padded batch (in groups bounded by the score size), not one by one."""
 
 from __future__ import annotations
 
 import torch
+
+from ._paged_attention import gather_pages, masked_gqa_attention, padded_rows, request_groups
 
 
 def verify_attention_ref(
@@ -30,24 +34,19 @@ def verify_attention_ref(
         ``seq_lens[r] - q_len_r + i`` and attends keys ``0..`` that position. Math in fp32.
     """
     out = torch.empty_like(q)
-    page_size = k_cache.shape[1]
-    hq, hkv = q.shape[1], k_cache.shape[2]
-    group = hq // hkv
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
-    for r in range(len(lens)):
-        q0, q1, kv_len = cu[r], cu[r + 1], lens[r]
-        n_q = q1 - q0
-        if n_q == 0:
+    cu = cu_seqlens_q.long()
+    q_lens_t, kv_t = cu[1:] - cu[:-1], seq_lens.long()
+    q_lens, kv_lens = q_lens_t.tolist(), kv_t.tolist()
+    for g in request_groups(q_lens, kv_lens, q.shape[1]):
+        max_q, max_kv = max(q_lens[g]), max(kv_lens[g])
+        if max_q == 0:
             continue
-        pos = torch.arange(kv_len, device=q.device)
-        pages = page_table[r].long()[pos // page_size]
-        k = k_cache[pages, pos % page_size].float().repeat_interleave(group, dim=1)  # [kv_len, Hq, D]
-        v = v_cache[pages, pos % page_size].float().repeat_interleave(group, dim=1)
-        qr = q[q0:q1].float()  # [n_q, Hq, D]
-        scores = torch.einsum("qhd,khd->hqk", qr, k) * sm_scale
-        q_pos = torch.arange(kv_len - n_q, kv_len, device=q.device)
-        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
+        rows, valid = padded_rows(cu[:-1][g], q_lens_t[g], max_q, q.shape[0])
+        kv = kv_t[g, None, None]
+        q_pos = kv - q_lens_t[g, None, None] + torch.arange(max_q, device=q.device)[None, :, None]  # [n, Q, 1]
+        key = torch.arange(max_kv, device=q.device)
+        masked = (key > q_pos) | (key >= kv)  # causal, and no key past the request's own length
+        o = masked_gqa_attention(q[rows], gather_pages(k_cache, page_table[g], kv_t[g], max_kv),
+                                 gather_pages(v_cache, page_table[g], kv_t[g], max_kv), masked, sm_scale)
+        out[rows[valid]] = o[valid].to(q.dtype)
     return out

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dspark_kernels.ops import draft_block_attention
-from tests.test_verify_attention import assert_close_ratio, make_paged_batch
+from tests.test_verify_attention import assert_close_ratio, make_paged_batch, poison_unused
 
 
 def make_block_batch(block_lens, ctx_lens, hq, hkv, d, page_size, dtype=torch.float32, seed=0):
@@ -98,3 +98,20 @@ def test_bad_input(index, value, match):
     args[index] = value(args[index])
     with pytest.raises((ValueError, TypeError), match=match):
         draft_block_attention(*args, impl="torch")
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_unused_pages_and_stale_slots_are_never_read(impl):
+    q, kb, vb, k, v, pt, cu, ctx = make_block_batch([7, 0, 3], [9, 3, 0], 4, 2, 64, 4)
+    k2, v2, pt2 = poison_unused(k, v, pt, ctx)
+    out = draft_block_attention(q, kb, vb, k2, v2, pt2, cu, ctx, impl=impl)
+    torch.testing.assert_close(out, draft_block_attention(q, kb, vb, k, v, pt, cu, ctx, impl=impl))
+
+
+def test_reference_request_groups_do_not_change_the_result(monkeypatch):
+    import dspark_kernels.reference._paged_attention as paged
+
+    args = make_block_batch([7, 7, 7], [5, 33, 70], 8, 2, 64, 8)
+    whole = draft_block_attention(*args, impl="torch")
+    monkeypatch.setattr(paged, "SCORE_BUDGET", 1)
+    torch.testing.assert_close(draft_block_attention(*args, impl="torch"), whole, rtol=1e-6, atol=1e-6)

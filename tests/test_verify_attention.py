@@ -116,6 +116,40 @@ def test_causality_future_keys_do_not_leak():
     assert not torch.allclose(out1[3], out2[3])
 
 
+def poison_unused(k_cache, v_cache, page_table, lens):
+    """Copies whose unused page-table entries point nowhere (out of range, negative) and whose cache slots past every
+    request's ``lens`` hold NaN: what a live paged cache may contain outside the tokens the op may read."""
+    page_size = k_cache.shape[1]
+    pt, k, v = page_table.clone(), k_cache.clone(), v_cache.clone()
+    live = torch.zeros(k.shape[:2], dtype=torch.bool)
+    for r, n in enumerate(lens.tolist()):
+        used = math.ceil(n / page_size)
+        pt[r, used:] = torch.tensor([10**6, -7] * pt.shape[1], dtype=pt.dtype)[: pt.shape[1] - used]
+        for t in range(n):
+            live[pt[r, t // page_size], t % page_size] = True
+    k[~live], v[~live] = float("nan"), float("nan")
+    return k, v, pt
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_unused_pages_and_stale_slots_are_never_read(impl):
+    q, k, v, pt, cu, sl = make_paged_batch([5, 0, 2, 1], [9, 3, 30, 2], 4, 2, 64, 4)
+    k2, v2, pt2 = poison_unused(k, v, pt, sl)
+    out = verify_attention(q, k2, v2, pt2, cu, sl, impl=impl)
+    torch.testing.assert_close(out, verify_attention(q, k, v, pt, cu, sl, impl=impl))
+
+
+def test_reference_request_groups_do_not_change_the_result(monkeypatch):
+    """Under a tiny score budget every request forms its own group (the loop a long prefill takes)."""
+    import dspark_kernels.reference._paged_attention as paged
+
+    args = make_paged_batch([5, 8, 1, 3], [5, 30, 64, 3], 8, 2, 64, 8)
+    whole = verify_attention(*args, impl="torch")
+    monkeypatch.setattr(paged, "SCORE_BUDGET", 1)
+    assert [g.stop - g.start for g in paged.request_groups([5, 8, 1, 3], [5, 30, 64, 3], 8)] == [1, 1, 1, 1]
+    torch.testing.assert_close(verify_attention(*args, impl="torch"), whole, rtol=1e-6, atol=1e-6)
+
+
 def test_inputs_not_mutated():
     args = make_paged_batch([3, 2], [9, 4], 4, 2, 64, 4)
     before = [a.clone() for a in args]
