@@ -52,6 +52,7 @@ from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
 REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+PROFILE_WARMUP = 3  # untimed calls per size
 PROFILE_REPEATS = 20  # timed calls per size: on a CPU, steps of neighbouring sizes differ less than 5 calls' noise
 
 
@@ -78,32 +79,44 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
                [0], cache, check_inputs=False)
         cache.rollback(0, b)
 
-    return profile_target(step, max_tokens, device=device_name(), model=model, warmup=3, repeats=PROFILE_REPEATS)
+    return profile_target(step, max_tokens, device=device_name(), model=model, warmup=PROFILE_WARMUP,
+                          repeats=PROFILE_REPEATS)
 
 
-def measure_draft_profile(target, drafter, max_requests: int, context: int, gamma: int, model: str) -> SPSProfile:
+def measure_draft_profile(target, drafter, max_requests: int, context: int, gamma: int, model: str,
+                          kept: int = 2) -> SPSProfile:
     """The drafter's rounds/s at every request count R = 1..``max_requests``: R requests holding ``context`` tokens
-    each draft ``gamma`` tokens (T = 1). The round is already spent when a policy picks verify lengths, and grows with
-    R: on a GPU it is a few percent of a step, on this CPU about a third of a round at R = 1."""
-    pages = max_requests * -(-(context + gamma + 1) // 16)
-    cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
-    rids = list(range(max_requests))
-    for rid in rids:
-        cache.add_request(rid)
-        drafter.add_request(dstate, rid)
+    each draft ``gamma`` tokens (T = 1), then extend their context by ``kept`` tokens each, as a verify round commits
+    (about tau at T = 1; the update is 7-14% of the round on this CPU). The round is already spent when a policy picks
+    verify lengths, and grows with R: on a GPU it is a few percent of a step, on this CPU about a third of a round at
+    R = 1. Each size starts from fresh contexts (built in its first, untimed warm-up call)."""
     dev = target.device
+    pages = max_requests * -(-(context + kept * (PROFILE_WARMUP + PROFILE_REPEATS) + gamma + 1) // 16)
+    width = len(drafter.feature_layers) * target.config.hidden_size
+    now: dict = {}
 
-    def sampling(r: int) -> Sampling:
-        return Sampling.of([1.0] * r, [0] * r, [1.0] * r, list(range(r)), [0] * r, dev)
-
-    anchors = torch.tensor(prefill(target, drafter, cache, dstate, rids, [[1] * context] * max_requests,
-                                   sampling(max_requests)), device=dev)
-    samplings = {r: sampling(r) for r in range(1, max_requests + 1)}
+    def start(r: int) -> None:
+        cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
+        rids = list(range(r))
+        for rid in rids:
+            cache.add_request(rid)
+            drafter.add_request(dstate, rid)
+        sampling = Sampling.of([1.0] * r, [0] * r, [1.0] * r, rids, [0] * r, dev)
+        anchors = torch.tensor(prefill(target, drafter, cache, dstate, rids, [[1] * context] * r, sampling),
+                               device=dev)
+        now.update(r=r, dstate=dstate, rids=rids, sampling=sampling, anchors=anchors,
+                   ids=torch.ones(kept * r, dtype=torch.int64, device=dev),
+                   feats=torch.zeros(kept * r, width, device=dev),
+                   cu=torch.arange(0, kept * r + 1, kept, dtype=torch.int32, device=dev))
 
     def step(r: int) -> None:
-        draft(drafter, dstate, rids[:r], anchors[:r], gamma, samplings[r])
+        if now.get("r") != r:
+            start(r)
+        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"])
+        drafter.extend(now["dstate"], now["rids"], now["ids"], now["feats"], now["cu"])
 
-    return profile_target(step, max_requests, device=device_name(), model=model, warmup=3, repeats=PROFILE_REPEATS)
+    return profile_target(step, max_requests, device=device_name(), model=model, warmup=PROFILE_WARMUP,
+                          repeats=PROFILE_REPEATS)
 
 
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
