@@ -248,6 +248,9 @@ def test_module_weights_follow_parameter_updates():
     assert torch.equal(head.weights().w2, head.w2.weight.t())
     head.load_state_dict(_random_module("vanilla", 30, 8, 4).state_dict())
     assert torch.equal(head.weights().w2, head.w2.weight.t())
+    with torch.inference_mode():  # parameters made here are inference tensors, without a version counter
+        fresh = _random_module("vanilla", 30, 8, 4)
+        assert torch.equal(fresh.weights().w2, fresh.w2.weight.t()) and fresh.weights().w2.is_contiguous()
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

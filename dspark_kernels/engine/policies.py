@@ -169,7 +169,7 @@ def _survival(conf: torch.Tensor, temperatures: torch.Tensor | None) -> tuple[to
 
 class _Confident(Policy):
     """A policy that reads the calibrated confidences (STS ``temperatures [>= gamma]``, None = uncalibrated);
-    ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``plain_profile``."""
+    ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``draft_profile``."""
 
     needs_confidence = True
     GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (the plain mean until then)

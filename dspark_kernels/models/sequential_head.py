@@ -104,8 +104,12 @@ class SequentialHead(nn.Module):
         return SequentialHeadWeights(self.kind, **fields)
 
     def _w2_rows(self) -> torch.Tensor:
-        """``w2`` as a contiguous ``[r, V]`` tensor, recopied only when the parameter was replaced or updated."""
+        """``w2`` as a contiguous ``[r, V]`` tensor, recopied only when the parameter was replaced or updated (an
+        inference tensor keeps no version counter, so a module created under ``torch.inference_mode`` copies it
+        every call)."""
         weight = self.w2.weight
+        if weight.is_inference():
+            return weight.detach().t().contiguous()
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
         if getattr(self, "_w2_rows_key", None) != key:
             with torch.no_grad():
