@@ -5,7 +5,7 @@
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
 #   env (nvidia-smi, versions) -> kernel tests without the interpreter (junit xml) -> perf suite (benchmark json)
 #   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
-#   (output folder and autotune/sps/) -> summary.txt
+#   and round profile of the shipped DSpark drafter (output folder and autotune/sps/) -> summary.txt
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -77,7 +77,8 @@ step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchm
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
 step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json"
 step autotune 160 tune
-step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
+step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
+    --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
 
 {
     echo "dspark-kernels GPU check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  total $(( $(date +%s) - START ))s"

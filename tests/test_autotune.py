@@ -179,3 +179,13 @@ def test_sps_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     prof = read_profile(tmp_path / "cpu__dspark_target.json")
     assert prof.batch_sizes == (1, 2, 3, 4, 5) and prof.source == "measured"
+    drafter = REPO / "dspark_kernels" / "assets" / "drafters" / "dspark"
+    proc = subprocess.run(cmd + ["--device", "cpu", "--max-batch", "2", "--context", "16", "--warmup", "1",
+                                 "--repeats", "1", "--drafter", str(drafter), "--max-requests", "3"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    rounds = read_profile(tmp_path / "cpu__dspark_target_dspark_rounds.json")
+    assert rounds.batch_sizes == (1, 2, 3) and "draft rounds/s" in proc.stdout
+    proc = subprocess.run(cmd + ["--device", "cpu", "--warmup", "0", "--drafter", str(drafter)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "--warmup must be >= 1" in proc.stderr

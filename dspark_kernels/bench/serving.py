@@ -8,7 +8,8 @@ Two modes, same outputs:
   drafter, ``mtp1`` with the shipped MTP-1 drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
   machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
-  drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``, :func:`measure_draft_profile`).
+  drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``,
+  :func:`~dspark_kernels.engine.sps.profile_drafter`).
   They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
   ``--prompt-len`` contexts) and saved.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
@@ -38,12 +39,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..engine import Sampling, draft, prefill
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
 from ..engine.speculative import speculative_generate
-from ..engine.sps import SPS_DIR, SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
+from ..engine.sps import (
+    SPS_DIR,
+    SPSProfile,
+    analytic_roofline,
+    load_profile,
+    profile_drafter,
+    profile_target,
+    read_profile,
+)
 from ..models import load_model
 from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
@@ -80,42 +88,6 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
         cache.rollback(0, b)
 
     return profile_target(step, max_tokens, device=device_name(), model=model, warmup=PROFILE_WARMUP,
-                          repeats=PROFILE_REPEATS)
-
-
-def measure_draft_profile(target, drafter, max_requests: int, context: int, gamma: int, model: str,
-                          kept: int = 2) -> SPSProfile:
-    """The drafter's rounds/s at every request count R = 1..``max_requests``: R requests holding ``context`` tokens
-    each draft ``gamma`` tokens (T = 1), then extend their context by ``kept`` tokens each, as a verify round commits
-    (about tau at T = 1; the update is 7-14% of the round on this CPU). The round is already spent when a policy picks
-    verify lengths, and grows with R: on a GPU it is a few percent of a step, on this CPU about a third of a round at
-    R = 1. Each size starts from fresh contexts (built in its first, untimed warm-up call)."""
-    dev = target.device
-    pages = max_requests * -(-(context + kept * (PROFILE_WARMUP + PROFILE_REPEATS) + gamma + 1) // 16)
-    width = len(drafter.feature_layers) * target.config.hidden_size
-    now: dict = {}
-
-    def start(r: int) -> None:
-        cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
-        rids = list(range(r))
-        for rid in rids:
-            cache.add_request(rid)
-            drafter.add_request(dstate, rid)
-        sampling = Sampling.of([1.0] * r, [0] * r, [1.0] * r, rids, [0] * r, dev)
-        anchors = torch.tensor(prefill(target, drafter, cache, dstate, rids, [[1] * context] * r, sampling),
-                               device=dev)
-        now.update(r=r, dstate=dstate, rids=rids, sampling=sampling, anchors=anchors,
-                   ids=torch.ones(kept * r, dtype=torch.int64, device=dev),
-                   feats=torch.zeros(kept * r, width, device=dev),
-                   cu=torch.arange(0, kept * r + 1, kept, dtype=torch.int32, device=dev))
-
-    def step(r: int) -> None:
-        if now.get("r") != r:
-            start(r)
-        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"])
-        drafter.extend(now["dstate"], now["rids"], now["ids"], now["feats"], now["cu"])
-
-    return profile_target(step, max_requests, device=device_name(), model=model, warmup=PROFILE_WARMUP,
                           repeats=PROFILE_REPEATS)
 
 
@@ -173,7 +145,8 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profile, draft_where = _live_profile(
         args, f"{target_name}+{Path(args.drafter).name}-rounds{suffix}", max_c,
-        lambda n, model: measure_draft_profile(target, drafter, n, args.prompt_len, args.gamma, model))
+        lambda n, model: profile_drafter(target, drafter, n, device=device_name(), model=model, context=args.prompt_len,
+                                         gamma=args.gamma, warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS))
     where += f"; draft-round profile {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations

@@ -276,14 +276,64 @@ def profile_target(
     return SPSProfile(device, model, sizes, (tuple(rates),), source="measured")
 
 
+def profile_drafter(
+    target,
+    drafter,
+    max_requests: int,
+    *,
+    device: str,
+    model: str,
+    context: int = 512,
+    gamma: int = 7,
+    kept: int = 2,
+    warmup: int = 3,
+    repeats: int = 10,
+    sync: Callable[[], None] = _default_sync,
+) -> SPSProfile:
+    """The drafter's rounds/s at every request count R = 1..``max_requests`` (a profile whose ``batch_sizes`` are
+    request counts; ``Engine(..., draft_profile=...)`` adds it to every modelled round).
+
+    A round is what the engine spends on the drafter per step: R requests holding ``context`` tokens each draft
+    ``gamma`` tokens (T = 1), then extend their context by ``kept`` tokens each, as a verify round commits (about tau
+    at T = 1). Each size starts from fresh contexts, built in its first warm-up call (so ``warmup`` must be >= 1).
+    """
+    from ._common import Sampling, draft, prefill
+
+    if warmup < 1:
+        raise ValueError(f"warmup must be >= 1 (the first call of each size builds its contexts), got {warmup}")
+    dev = target.device
+    pages = max_requests * -(-(context + kept * (warmup + repeats) + gamma + 1) // 16)
+    now: dict = {}
+
+    def start(r: int) -> None:
+        cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
+        rids = list(range(r))
+        for rid in rids:
+            cache.add_request(rid)
+            drafter.add_request(dstate, rid)
+        sampling = Sampling.of([1.0] * r, [0] * r, [1.0] * r, rids, [0] * r, dev)
+        deferred = []
+        anchors = prefill(target, drafter, cache, dstate, rids, [[1] * context] * r, sampling, defer=deferred.append)
+        ids, feats, cu = deferred[0]
+        drafter.extend(dstate, rids, ids, feats, cu)
+        now.update(r=r, dstate=dstate, rids=rids, sampling=sampling, anchors=torch.tensor(anchors, device=dev),
+                   ids=torch.ones(kept * r, dtype=torch.int64, device=dev),
+                   feats=feats.new_zeros(kept * r, feats.shape[1]),
+                   cu=torch.arange(0, kept * r + 1, kept, dtype=torch.int32, device=dev))
+
+    def step(r: int) -> None:
+        if now.get("r") != r:
+            start(r)
+        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"])
+        drafter.extend(now["dstate"], now["rids"], now["ids"], now["feats"], now["cu"])
+
+    return profile_target(step, max_requests, device=device, model=model, warmup=warmup, repeats=repeats, sync=sync)
+
+
 # ------------------------------------------------------------------------------------------------------------ CLI
-def _target_step_fn(model_dir: Path, device: torch.device, max_batch: int, context: int, per_request: int):
+def _target_step_fn(model, device: torch.device, max_batch: int, context: int, per_request: int):
     """A ``step_fn(B)`` for :func:`profile_target`: one verify forward of B new tokens over ``ceil(B / per_request)``
     requests, each holding ``context`` cached tokens; the new tokens are rolled back so every call sees one state."""
-    from ..models.transformer import load_model
-
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = load_model(model_dir, dtype=dtype, device=device)
     n_req = math.ceil(max_batch / per_request)
     page = 16
     cache = model.new_cache(num_pages=n_req * math.ceil((context + per_request) / page) + 1, page_size=page)
@@ -307,11 +357,14 @@ def _target_step_fn(model_dir: Path, device: torch.device, max_batch: int, conte
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dspark_kernels.engine.sps``: measure and save the SPS profile of a target checkpoint."""
+    """``python -m dspark_kernels.engine.sps``: measure and save the SPS profile of a target checkpoint (and, with
+    ``--drafter``, the round profile of a drafter for it)."""
     import argparse
     import sys
 
     from ..autotune.store import device_name
+    from ..models.drafter_api import load_drafter
+    from ..models.transformer import load_model
 
     default_target = Path(__file__).resolve().parent.parent / "assets" / "target"
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)
@@ -322,17 +375,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokens-per-request", type=int, default=8, help="new tokens per request (1 + drafts)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--drafter", type=Path, default=None,
+                   help="also profile this drafter's rounds by request count (saved as <model>+<drafter>-rounds)")
+    p.add_argument("--max-requests", type=int, default=64, help="with --drafter: R = 1..max-requests")
+    p.add_argument("--gamma", type=int, default=7, help="with --drafter: draft tokens per request")
     p.add_argument("--out-dir", type=Path, action="append", help=f"where to save (repeatable; default {SPS_DIR})")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run, not a real profile)")
     args = p.parse_args(argv)
-    if args.max_batch < 1 or args.context < 1 or args.tokens_per_request < 1:
-        p.error("--max-batch, --context and --tokens-per-request must be >= 1")
+    if min(args.max_batch, args.context, args.tokens_per_request, args.max_requests, args.gamma) < 1:
+        p.error("--max-batch, --context, --tokens-per-request, --max-requests and --gamma must be >= 1")
+    if args.drafter is not None and args.warmup < 1:
+        p.error("--warmup must be >= 1 with --drafter (the first call of each size builds its contexts)")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("sps: no CUDA GPU visible; an SPS profile measures the target on the GPU it will serve on. "
               "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
         return 2
-    step = _target_step_fn(args.target, device, args.max_batch, args.context, args.tokens_per_request)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = load_model(args.target, dtype=dtype, device=device)
+    step = _target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
     name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
     sync = _default_sync if device.type == "cuda" else (lambda: None)
     prof = profile_target(step, args.max_batch, device=name, model=args.model, warmup=args.warmup,
@@ -343,6 +404,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in sorted({1, 8, 16, 32, 64, 128, 256, args.max_batch}):
         if b <= args.max_batch:
             print(f"  B={b:4d}  {rates[b - 1]:10.1f} steps/s  {rates[b - 1] * b:12.0f} tokens/s")
+    if args.drafter is not None:
+        drafter = load_drafter(args.drafter, model, dtype=dtype)
+        rounds = profile_drafter(model, drafter, args.max_requests, device=name,
+                                 model=f"{args.model}+{args.drafter.name}-rounds", context=args.context,
+                                 gamma=args.gamma, warmup=args.warmup, repeats=args.repeats, sync=sync)
+        for out_dir in args.out_dir or [SPS_DIR]:
+            print(f"sps: wrote {rounds.save(out_dir)}")
+        for r in sorted({1, 8, 32, args.max_requests}):
+            if r <= args.max_requests:
+                print(f"  R={r:4d}  {rounds.steps_per_s[0][r - 1]:10.1f} draft rounds/s")
     return 0
 
 
