@@ -51,6 +51,7 @@ from ..engine.sps import (
     profile_drafter,
     profile_target,
     read_profile,
+    target_step_fn,
 )
 from ..models import load_model
 from ..models.drafter_api import NullDrafter, load_drafter
@@ -75,18 +76,7 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
     """The target's verify steps/s at every batch B = 1..``max_tokens``: one request holding ``context`` tokens
     verifies B tokens (rolled back). Every size is measured: a sparse profile would read as a staircase whose first
     token past each measured size never pays, and Algorithm 1 would stop there."""
-    pages = -(-(context + max_tokens) // 16)
-    cache = target.new_cache(pages, 16)
-    cache.add_request(0)
-    dev = target.device
-    target(torch.ones(context, dtype=torch.int64, device=dev), torch.tensor([0, context], dtype=torch.int32,
-           device=dev), [0], cache)
-
-    def step(b: int) -> None:
-        target(torch.ones(b, dtype=torch.int64, device=dev), torch.tensor([0, b], dtype=torch.int32, device=dev),
-               [0], cache, check_inputs=False)
-        cache.rollback(0, b)
-
+    step = target_step_fn(target, target.device, max_tokens, context, per_request=max_tokens)
     return profile_target(step, max_tokens, device=device_name(), model=model, warmup=PROFILE_WARMUP,
                           repeats=PROFILE_REPEATS)
 

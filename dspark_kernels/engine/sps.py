@@ -330,10 +330,10 @@ def profile_drafter(
     return profile_target(step, max_requests, device=device, model=model, warmup=warmup, repeats=repeats, sync=sync)
 
 
-# ------------------------------------------------------------------------------------------------------------ CLI
-def _target_step_fn(model, device: torch.device, max_batch: int, context: int, per_request: int):
+def target_step_fn(model, device: torch.device, max_batch: int, context: int, per_request: int):
     """A ``step_fn(B)`` for :func:`profile_target`: one verify forward of B new tokens over ``ceil(B / per_request)``
-    requests, each holding ``context`` cached tokens; the new tokens are rolled back so every call sees one state."""
+    requests, each holding ``context`` cached tokens; the new tokens are rolled back so every call sees one state
+    (``per_request >= max_batch``: a single request verifies all B tokens)."""
     n_req = math.ceil(max_batch / per_request)
     page = 16
     cache = model.new_cache(num_pages=n_req * math.ceil((context + per_request) / page) + 1, page_size=page)
@@ -356,6 +356,7 @@ def _target_step_fn(model, device: torch.device, max_batch: int, context: int, p
     return step
 
 
+# ------------------------------------------------------------------------------------------------------------ CLI
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dspark_kernels.engine.sps``: measure and save the SPS profile of a target checkpoint (and, with
     ``--drafter``, the round profile of a drafter for it)."""
@@ -393,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = load_model(args.target, dtype=dtype, device=device)
-    step = _target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
+    step = target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
     name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
     sync = _default_sync if device.type == "cuda" else (lambda: None)
     prof = profile_target(step, args.max_batch, device=name, model=args.model, warmup=args.warmup,
