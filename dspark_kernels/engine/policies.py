@@ -211,6 +211,14 @@ class _Confident(Policy):
             return True
         return False
 
+    def _round_inputs(self, conf_logits: torch.Tensor | None, live: Sequence, step: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round's calibrated prefix survival ``a [R * gamma]``, its offsets ``cu [R + 1]`` and the step table
+        of ``R`` live requests on ``a``'s device; the gate's running mean takes ``a`` in."""
+        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
+        self._remember(a, len(live), step)
+        return a, cu, self.step_table(len(live)).to(a.device)
+
     def _remember(self, a: torch.Tensor, r: int, step: int) -> None:
         """Fold this drafted round's survival ``a [R * gamma]`` into the running mean (gated policies only)."""
         if not self.gate:
@@ -243,9 +251,7 @@ class DSpark(_Confident):
     name = "dspark"
 
     def choose(self, conf_logits, live, step, realised=None):
-        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
-        self._remember(a, len(live), step)
-        table = self.step_table(len(live)).to(a.device)
+        a, cu, table = self._round_inputs(conf_logits, live, step)
         return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
@@ -265,9 +271,7 @@ class DSparkProd(_Confident):
         self._history: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.STALENESS)
 
     def choose(self, conf_logits, live, step, realised=None):
-        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
-        self._remember(a, len(live), step)
-        table = self.step_table(len(live)).to(a.device)
+        a, cu, table = self._round_inputs(conf_logits, live, step)
         if len(self._history) < self.STALENESS:
             lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False)
         else:
