@@ -1,14 +1,19 @@
-"""Shared pieces of the attention references: paged K/V gathered into padded per-request tensors, and one batched,
-masked GQA attention over them.
+"""Shared pieces of the attention references: a *plan* of the index work of one call (which cache slots to gather,
+which rows are padding, which keys each query may see), and one batched, masked GQA attention that runs it.
 
 The references run many requests at once (one padded batch instead of a Python loop over requests), in groups whose
 score tensor stays under ``SCORE_BUDGET`` elements, so a long prefill does not allocate scores for every request
 padded to the longest one.
+
+Planning and running are split (FlashInfer's plan/run): the plan depends only on the page table and the lengths,
+which every layer of one model forward shares, so a forward plans once and each layer only gathers its own K/V and
+runs the attention. Without a plan each call makes its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -30,45 +35,123 @@ def request_groups(q_lens: list[int], kv_lens: list[int], heads: int) -> Iterato
         start = end
 
 
-def gather_pages(cache: torch.Tensor, page_table: torch.Tensor, lens: torch.Tensor, length: int) -> torch.Tensor:
-    """``cache [num_pages, page_size, Hkv, D]`` read at positions ``0..length-1`` of every request of ``page_table
-    [n, max_pages]``: ``[n, length, Hkv, D]``. Positions at or past a request's own length ``lens [n]`` are zeros:
-    neither the page table's unused entries nor the stale slots of a live cache are read (they may hold anything,
-    and a masked NaN still poisons attention)."""
-    page_size = cache.shape[1]
-    pos = torch.arange(length, device=cache.device)
-    outside = pos >= lens[:, None]
-    slots = (page_table.long()[:, pos // page_size] * page_size + pos % page_size).masked_fill(outside, 0)
-    rows = cache.reshape(-1, *cache.shape[2:]).index_select(0, slots.reshape(-1))  # one flat gather: the fast path
-    return zero_rows(rows.view(*slots.shape, *cache.shape[2:]), outside)
+@dataclass(frozen=True)
+class PagedRead:
+    """Where ``n`` requests' first ``length`` cached positions live: ``slots [n * length]`` flat cache rows (a
+    position at or past its request's length reads slot 0) and ``outside [m]``, the flat indices of those positions,
+    which :meth:`gather` zeroes: neither the page table's unused entries nor the stale slots of a live cache are read
+    (they may hold anything, and a masked NaN still poisons attention)."""
+
+    n: int
+    length: int
+    slots: torch.Tensor
+    outside: torch.Tensor
+
+    @classmethod
+    def of(cls, page_table: torch.Tensor, lens: torch.Tensor, length: int, page_size: int) -> PagedRead:
+        """``page_table [n, max_pages]``, ``lens [n]``: read positions ``0 .. length - 1`` of every request."""
+        pos = torch.arange(length, device=page_table.device)
+        beyond = pos >= lens[:, None]
+        slots = (page_table.long()[:, pos // page_size] * page_size + pos % page_size).masked_fill(beyond, 0)
+        return cls(page_table.shape[0], length, slots.reshape(-1), beyond.reshape(-1).nonzero().squeeze(1))
+
+    def gather(self, cache: torch.Tensor) -> torch.Tensor:
+        """``cache [num_pages, page_size, Hkv, D]`` -> ``[n, length, Hkv, D]`` (one flat gather: the fast path)."""
+        rows = cache.reshape(-1, *cache.shape[2:]).index_select(0, self.slots)
+        if self.outside.numel():
+            rows.view(rows.shape[0], -1).index_fill_(0, self.outside, 0)  # 8x faster than a masked fill
+        return rows.view(self.n, self.length, *cache.shape[2:])
 
 
-def zero_rows(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Zero, in place, the entries ``x[i, j]`` (each a ``[Hkv, D]`` row) where ``rows [n, L]`` is True; ``x [n, L,
-    Hkv, D]`` contiguous. Returns ``x``. (An index fill over the flattened rows: 8x faster than a masked fill.)"""
-    x.view(rows.numel(), -1).index_fill_(0, rows.reshape(-1).nonzero().squeeze(1), 0)
-    return x
+@dataclass(frozen=True)
+class RaggedRows:
+    """``n`` requests' ragged rows of a flattened ``[total, ...]`` tensor as a padded ``[n, width, ...]`` one: request
+    i owns rows ``starts[i] .. starts[i] + lens[i] - 1``. ``dense``: every request has ``width`` rows, so padding is a
+    view of ``rows[first : first + n * width]``; otherwise ``index [n * width]`` (padding clamped into range),
+    ``valid [n * width]`` bool and ``pad [m]`` / ``keep [k]`` (flat indices of the padding / the real rows) and
+    ``out_rows [k]`` (their rows in the flat tensor)."""
+
+    n: int
+    width: int
+    dense: bool
+    first: int
+    index: torch.Tensor | None
+    valid: torch.Tensor
+    pad: torch.Tensor | None
+    keep: torch.Tensor | None
+    out_rows: torch.Tensor | None
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, lens: torch.Tensor, lens_host: list[int], width: int, total: int) -> RaggedRows:
+        idx = torch.arange(width, device=starts.device)
+        valid = idx < lens[:, None]
+        first = int(starts[0]) if len(lens_host) else 0
+        if all(n == width for n in lens_host):
+            return cls(len(lens_host), width, True, first, None, valid, None, None, None)
+        rows = (starts[:, None] + idx).clamp(max=max(total - 1, 0)).reshape(-1)
+        flat = valid.reshape(-1)
+        keep = flat.nonzero().squeeze(1)
+        return cls(len(lens_host), width, False, first, rows, valid, (~flat).nonzero().squeeze(1), keep, rows[keep])
+
+    def padded(self, x: torch.Tensor, zero_padding: bool = False) -> torch.Tensor:
+        """``x [total, ...]`` -> ``[n, width, ...]``; padding rows hold other rows' values, or zeros if asked."""
+        if self.dense:
+            return x[self.first: self.first + self.n * self.width].view(self.n, self.width, *x.shape[1:])
+        out = x.index_select(0, self.index)
+        if zero_padding and self.pad.numel():
+            out.view(out.shape[0], -1).index_fill_(0, self.pad, 0)
+        return out.view(self.n, self.width, *x.shape[1:])
+
+    def scatter(self, out: torch.Tensor, padded: torch.Tensor) -> None:
+        """Write the real rows of ``padded [n, width, ...]`` into ``out [total, ...]`` (cast to its dtype)."""
+        flat = padded.reshape(self.n * self.width, *padded.shape[2:])
+        if self.dense:
+            out[self.first: self.first + flat.shape[0]] = flat
+        else:
+            out.index_copy_(0, self.out_rows, flat.index_select(0, self.keep).to(out.dtype))
 
 
-def padded_rows(starts: torch.Tensor, lens: torch.Tensor, width: int, total: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row ids ``[n, width]`` of flattened ragged rows (request i owns ``starts[i] .. starts[i] + lens[i] - 1``,
-    padding clamped into ``0..total-1``) and their validity mask ``[n, width]``."""
-    idx = torch.arange(width, device=starts.device)
-    rows = (starts[:, None] + idx).clamp(max=max(total - 1, 0))
-    return rows, idx < lens[:, None]
+@dataclass(frozen=True)
+class GroupPlan:
+    """One request group: its queries, its cached K/V read, any extra in-call keys (the drafter's block) and the
+    attention mask ``allowed [n, 1, Q, K]`` (True = may attend; ``None`` when every query sees every key)."""
+
+    queries: RaggedRows
+    cached: PagedRead
+    allowed: torch.Tensor | None
 
 
-def masked_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor,
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The index work of one attention call over ``total_q`` query rows and a cache with ``page_size`` slots per page;
+    reusable by every call with the same page table, offsets and lengths (every layer of a forward)."""
+
+    total_q: int
+    page_size: int
+    groups: tuple[GroupPlan, ...]
+
+    def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        if q.shape[0] != self.total_q or k_cache.shape[1] != self.page_size:
+            raise ValueError(f"plan was made for {self.total_q} query rows and page size {self.page_size}, got "
+                             f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
+
+
+def mask_or_none(allowed: torch.Tensor) -> torch.Tensor | None:
+    """``allowed [n, Q, K]`` -> ``[n, 1, Q, K]``, or ``None`` when nothing is masked (the unmasked fused path)."""
+    return None if bool(allowed.all()) else allowed[:, None]
+
+
+def masked_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
                          sm_scale: float) -> torch.Tensor:
-    """``softmax(q k^T * sm_scale, masked -> -inf) v`` in float32 for padded requests.
+    """``softmax(q k^T * sm_scale, where not allowed -> -inf) v`` in float32 for padded requests.
 
-    ``q [n, Q, Hq, D]``, ``k``/``v [n, K, Hkv, D]`` (query head h reads KV head ``h // (Hq / Hkv)``), ``masked
-    [n, Q, K]`` True where a query must not see a key. Returns ``[n, Q, Hq, D]`` float32 (a view); a fully masked row
-    holds no meaningful value. Keys and values must be finite even where masked (a masked NaN score, or a zero
-    probability times a NaN value, is still NaN). torch's fused CPU attention does the math (1.5x faster than two
-    einsums here).
+    ``q [n, Q, Hq, D]``, ``k``/``v [n, K, Hkv, D]`` (query head h reads KV head ``h // (Hq / Hkv)``), ``allowed
+    [n, 1, Q, K]`` True where a query may see a key (``None``: everywhere). Returns ``[n, Q, Hq, D]`` float32 (a
+    view); a row that sees no key holds no meaningful value. Keys and values must be finite even where masked (a
+    masked NaN score, or a zero probability times a NaN value, is still NaN). torch's fused CPU attention does the
+    math (1.5x faster than two einsums here).
     """
     out = torch.nn.functional.scaled_dot_product_attention(
-        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2), attn_mask=~masked[:, None],
+        q.float().transpose(1, 2), k.float().transpose(1, 2), v.float().transpose(1, 2), attn_mask=allowed,
         scale=sm_scale, enable_gqa=True)
     return out.transpose(1, 2)

@@ -1,12 +1,43 @@
 """Reference for ragged, causal attention of new tokens over a paged KV cache (the target's verify step).
 
-All requests are computed as one padded batch (in groups bounded by the score size), not one by one."""
+All requests are computed as one padded batch (in groups bounded by the score size), not one by one. The index work
+is planned once per set of lengths (:func:`plan_verify_attention`) and reusable by every layer of a forward."""
 
 from __future__ import annotations
 
 import torch
 
-from ._paged_attention import gather_pages, masked_gqa_attention, padded_rows, request_groups
+from ._paged_attention import (
+    AttentionPlan,
+    GroupPlan,
+    PagedRead,
+    RaggedRows,
+    mask_or_none,
+    masked_gqa_attention,
+    request_groups,
+)
+
+
+def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                          page_size: int, num_q_heads: int) -> AttentionPlan:
+    """The index work of :func:`verify_attention_ref` for these lengths (arguments as there, plus the cache's
+    ``page_size`` and the number of query heads, which sizes the request groups)."""
+    cu = cu_seqlens_q.long()
+    q_lens_t, kv_t = cu[1:] - cu[:-1], seq_lens.long()
+    q_lens, kv_lens = q_lens_t.tolist(), kv_t.tolist()
+    total = int(cu[-1]) if len(q_lens) else 0
+    groups = []
+    for g in request_groups(q_lens, kv_lens, num_q_heads):
+        max_q, max_kv = max(q_lens[g]), max(kv_lens[g])
+        if max_q == 0:
+            continue
+        kv = kv_t[g, None, None]
+        q_pos = kv - q_lens_t[g, None, None] + torch.arange(max_q, device=cu.device)[None, :, None]  # [n, Q, 1]
+        key = torch.arange(max_kv, device=cu.device)
+        allowed = (key <= q_pos) & (key < kv)  # causal, and no key past the request's own length
+        groups.append(GroupPlan(RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total),
+                                PagedRead.of(page_table[g], kv_t[g], max_kv, page_size), mask_or_none(allowed)))
+    return AttentionPlan(total, page_size, tuple(groups))
 
 
 def verify_attention_ref(
@@ -17,6 +48,7 @@ def verify_attention_ref(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole paged KV.
 
@@ -29,24 +61,17 @@ def verify_attention_ref(
         cu_seqlens_q: ``[R + 1]`` offsets of the new tokens.
         seq_lens: ``[R]`` total KV length of each request including its new tokens (>= its query length).
         sm_scale: softmax scale (usually ``D ** -0.5``).
+        plan: :func:`plan_verify_attention` of these page table, offsets and lengths (``None``: made here).
     Returns:
         ``[total_q, Hq, D]`` in ``q.dtype``; new token i of request r (0-based) sits at absolute position
         ``seq_lens[r] - q_len_r + i`` and attends keys ``0..`` that position. Math in fp32.
     """
+    if plan is None:
+        plan = plan_verify_attention(page_table, cu_seqlens_q, seq_lens, k_cache.shape[1], q.shape[1])
+    plan.check(q, k_cache)
     out = torch.empty_like(q)
-    cu = cu_seqlens_q.long()
-    q_lens_t, kv_t = cu[1:] - cu[:-1], seq_lens.long()
-    q_lens, kv_lens = q_lens_t.tolist(), kv_t.tolist()
-    for g in request_groups(q_lens, kv_lens, q.shape[1]):
-        max_q, max_kv = max(q_lens[g]), max(kv_lens[g])
-        if max_q == 0:
-            continue
-        rows, valid = padded_rows(cu[:-1][g], q_lens_t[g], max_q, q.shape[0])
-        kv = kv_t[g, None, None]
-        q_pos = kv - q_lens_t[g, None, None] + torch.arange(max_q, device=q.device)[None, :, None]  # [n, Q, 1]
-        key = torch.arange(max_kv, device=q.device)
-        masked = (key > q_pos) | (key >= kv)  # causal, and no key past the request's own length
-        o = masked_gqa_attention(q[rows], gather_pages(k_cache, page_table[g], kv_t[g], max_kv),
-                                 gather_pages(v_cache, page_table[g], kv_t[g], max_kv), masked, sm_scale)
-        out[rows[valid]] = o[valid].to(q.dtype)
+    for g in plan.groups:
+        o = masked_gqa_attention(g.queries.padded(q), g.cached.gather(k_cache), g.cached.gather(v_cache), g.allowed,
+                                 sm_scale)
+        g.queries.scatter(out, o)
     return out

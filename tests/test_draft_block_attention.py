@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dspark_kernels.ops import draft_block_attention
+from dspark_kernels.ops import draft_block_attention, plan_draft_block_attention
 from tests.test_verify_attention import assert_close_ratio, make_paged_batch, poison_unused
 
 
@@ -72,6 +72,19 @@ def test_block_is_non_causal():
     args[1][3] += 3.0
     out2 = draft_block_attention(*args, impl="triton")
     assert not torch.allclose(out1[0], out2[0])
+
+
+@pytest.mark.parametrize("block_lens,ctx_lens", [([7, 7, 7], [5, 33, 70]), ([16, 1, 4], [100, 0, 9]), ([7], [1])])
+def test_one_plan_serves_every_layer(block_lens, ctx_lens):
+    q, kb, vb, k, v, pt, cu, ctx = make_block_batch(block_lens, ctx_lens, 8, 2, 64, 8)
+    plan = plan_draft_block_attention(pt, cu, ctx, page_size=8, num_q_heads=8, impl="torch")
+    for layer in range(3):
+        args = (q + layer, kb - layer, vb * 2, k * (layer + 1), v + layer, pt, cu, ctx)
+        planned = draft_block_attention(*args, impl="torch", plan=plan)
+        assert torch.equal(planned, draft_block_attention(*args, impl="torch"))
+    assert plan_draft_block_attention(pt, cu, ctx, page_size=8, num_q_heads=8, impl="triton") is None
+    with pytest.raises(ValueError, match="plan was made for"):
+        draft_block_attention(q, kb, vb, k[:, :4], v[:, :4], pt, cu, ctx, impl="torch", check_inputs=False, plan=plan)
 
 
 def test_inputs_not_mutated():

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from dspark_kernels.ops import verify_attention
+from dspark_kernels.ops import plan_verify_attention, verify_attention
 
 
 def make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size, dtype=torch.float32, seed=0):
@@ -148,6 +148,20 @@ def test_reference_request_groups_do_not_change_the_result(monkeypatch):
     monkeypatch.setattr(paged, "SCORE_BUDGET", 1)
     assert [g.stop - g.start for g in paged.request_groups([5, 8, 1, 3], [5, 30, 64, 3], 8)] == [1, 1, 1, 1]
     torch.testing.assert_close(verify_attention(*args, impl="torch"), whole, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens", [([1, 1, 1], [1, 17, 40]), ([5, 0, 8, 1], [5, 3, 30, 64]), ([6], [6])])
+def test_one_plan_serves_every_layer(q_lens, kv_lens):
+    """A plan made once for the lengths gives each "layer" (another K/V cache, other queries) the unplanned result."""
+    q, k, v, pt, cu, sl = make_paged_batch(q_lens, kv_lens, 8, 2, 64, 8)
+    plan = plan_verify_attention(pt, cu, sl, page_size=8, num_q_heads=8, impl="torch")
+    for layer in range(3):
+        q2, k2, v2 = (q + layer, k * (layer + 1), v - layer) if layer else (q, k, v)
+        planned = verify_attention(q2, k2, v2, pt, cu, sl, impl="torch", plan=plan)
+        assert torch.equal(planned, verify_attention(q2, k2, v2, pt, cu, sl, impl="torch"))
+    assert plan_verify_attention(pt, cu, sl, page_size=8, num_q_heads=8, impl="triton") is None
+    with pytest.raises(ValueError, match="plan was made for"):
+        verify_attention(q[:-1], k, v, pt, cu, sl, impl="torch", check_inputs=False, plan=plan)
 
 
 def test_inputs_not_mutated():

@@ -49,6 +49,7 @@ from ..ops.sequential_head import SequentialHeadWeights
 from .config import ModelConfig
 from .drafter import DraftLayer
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .fused_linear import fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 from .transformer import CausalLM, RMSNorm
@@ -265,8 +266,7 @@ class ChainDrafter(nn.Module):
                 cos, sin = self._rope(lens.long() - 1)
                 attn = self.layer.self_attn
                 hx = self.layer.input_layernorm(x)
-                q = attn.queries(hx, cos, sin)
-                kk, vv = attn.keys_values(hx, cos, sin)
+                q, kk, vv = attn.queries_keys_values(hx, cos, sin)
                 cache.write(0, cache.slot_mapping(page_table, lens, cu1), kk, vv)
                 o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
                                      max_seqlen_q=1)
@@ -341,8 +341,9 @@ class ChainDrafter(nn.Module):
 def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = torch.float32,
                        gemm_dtype: torch.dtype | str | None = None) -> ChainDrafter:
     """Load a drafter directory written by :meth:`ChainDrafter.save` for ``target``; clear errors on mismatch.
-    ``gemm_dtype``: the linear weights in that dtype (:mod:`.gemm_dtype`)."""
+    ``gemm_dtype``: the linear weights in that dtype (:mod:`.gemm_dtype`); the projections are fused for inference
+    (:mod:`.fused_linear`)."""
     raw = read_drafter_config(path, "chain")
     del raw["drafter_type"]
-    return cast_gemm_weights(load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype),
-                             gemm_dtype)
+    drafter = load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype)
+    return fuse_projections(cast_gemm_weights(drafter, gemm_dtype))

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import draft_block_attention, sequential_head
+from ..ops import draft_block_attention, plan_draft_block_attention, sequential_head
 from .config import ModelConfig
 from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .fused_linear import fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 from .sequential_head import SequentialHead
@@ -230,13 +231,14 @@ class BlockDrafter(nn.Module):
         cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
         x = self.embed(ids).to(self.dtype)
         cos, sin = self._rope(positions, x.dtype)
+        plan = plan_draft_block_attention(page_table, cu, ctx_lens, cache.page_size,
+                                          self.layer_config.num_attention_heads, impl=impl)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             hx = layer.input_layernorm(x)
-            q = attn.queries(hx, cos, sin)
-            k, v = attn.keys_values(hx, cos, sin)
+            q, k, v = attn.queries_keys_values(hx, cos, sin)
             o = draft_block_attention(q, k, v, cache.k[i], cache.v[i], page_table, cu, ctx_lens, impl=impl,
-                                      check_inputs=False, max_seqlen_q=gamma)
+                                      check_inputs=False, max_seqlen_q=gamma, plan=plan)
             x = layer.finish(x, o.reshape(x.shape[0], -1))
         return Proposal(self.lm_logits(x), x, cu)
 
@@ -297,9 +299,10 @@ def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = 
     """Load a drafter directory written by :meth:`BlockDrafter.save` for ``target``; clear errors on mismatch.
 
     ``gemm_dtype``: the backbone's linear weights in that dtype (:mod:`.gemm_dtype`); the sequential head stays in
-    ``dtype`` (its draft probabilities are computed in fp32)."""
+    ``dtype`` (its draft probabilities are computed in fp32). The projections are fused for inference
+    (:mod:`.fused_linear`)."""
     raw = read_drafter_config(path, "block")
     del raw["drafter_type"]
     raw["feature_layers"] = tuple(raw["feature_layers"])
     drafter = load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)
-    return cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head])
+    return fuse_projections(cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head]))

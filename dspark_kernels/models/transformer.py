@@ -21,10 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import verify_attention
+from ..ops import plan_verify_attention, verify_attention
 from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_tensor
+from ..reference._paged_attention import AttentionPlan
 from .checkpoint import load_state_dict
 from .config import ModelConfig
+from .fused_linear import FusedLinear, fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
 
@@ -77,28 +79,43 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.fused_qkv: FusedLinear | None = None  # set by fuse_projections (inference)
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> roped queries ``[T, Hq, D]`` (Qwen3: per-head q_norm first)."""
-        q = self.q_proj(x).view(x.shape[0], self.hq, self.d)
-        return apply_rope(self.q_norm(q) if self.qk_norm else q, cos, sin)
+        return self._rope_queries(self.q_proj(x), cos, sin)
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, hidden]`` -> roped keys and values ``[T, Hkv, D]`` (Qwen3: per-head k_norm first)."""
-        k = self.k_proj(x).view(x.shape[0], self.hkv, self.d)
-        v = self.v_proj(x).view(x.shape[0], self.hkv, self.d)
-        return apply_rope(self.k_norm(k) if self.qk_norm else k, cos, sin), v
+        return self._rope_keys_values(self.k_proj(x), self.v_proj(x), cos, sin)
+
+    def queries_keys_values(self, x: torch.Tensor, cos: torch.Tensor,
+                            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`queries` and :meth:`keys_values` of the same ``x``: one GEMM when the projections are fused
+        (:func:`~.fused_linear.fuse_projections`), three otherwise."""
+        if self.fused_qkv is None:
+            return (self.queries(x, cos, sin), *self.keys_values(x, cos, sin))
+        q, k, v = self.fused_qkv(x)
+        return (self._rope_queries(q, cos, sin), *self._rope_keys_values(k, v, cos, sin))
+
+    def _rope_queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q = q.reshape(q.shape[0], self.hq, self.d)
+        return apply_rope(self.q_norm(q) if self.qk_norm else q, cos, sin)
+
+    def _rope_keys_values(self, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k = k.reshape(k.shape[0], self.hkv, self.d)
+        return apply_rope(self.k_norm(k) if self.qk_norm else k, cos, sin), v.reshape(v.shape[0], self.hkv, self.d)
 
     def forward(self, x: torch.Tensor, ctx: "_BatchCtx", layer: int) -> torch.Tensor:
         """``x [T, hidden]`` -> ``[T, hidden]``; writes this layer's K/V for the new tokens into the cache."""
         t = x.shape[0]
-        q = self.queries(x, ctx.cos, ctx.sin)
-        k, v = self.keys_values(x, ctx.cos, ctx.sin)
+        q, k, v = self.queries_keys_values(x, ctx.cos, ctx.sin)
         cache = ctx.cache
         cache.write(layer, ctx.slots, k, v)
         o = verify_attention(
             q, cache.k[layer], cache.v[layer], ctx.page_table, ctx.cu_seqlens_q, ctx.seq_lens,
-            impl=ctx.impl, check_inputs=ctx.check_inputs, max_seqlen_q=ctx.max_seqlen_q,
+            impl=ctx.impl, check_inputs=ctx.check_inputs, max_seqlen_q=ctx.max_seqlen_q, plan=ctx.plan,
         )
         return self.o_proj(o.reshape(t, self.hq * self.d))
 
@@ -112,9 +129,11 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
         self.up_proj = nn.Linear(h, i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, h, bias=cfg.mlp_bias)
+        self.fused_gate_up: FusedLinear | None = None  # set by fuse_projections (inference)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = (self.gate_proj(x), self.up_proj(x)) if self.fused_gate_up is None else self.fused_gate_up(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -152,6 +171,7 @@ class _BatchCtx:
     impl: str | None
     check_inputs: bool
     max_seqlen_q: int  # longest query length (lets the Triton launch skip a host sync)
+    plan: AttentionPlan | None  # the attention's index work, shared by every layer (reference path only)
 
 
 class CausalLM(nn.Module):
@@ -276,7 +296,9 @@ class CausalLM(nn.Module):
 
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = self._rope(positions, x.dtype)
-        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs, max_seqlen_q)
+        plan = plan_verify_attention(page_table, cu, seq_lens, cache.page_size, self.config.num_attention_heads,
+                                     impl=impl)
+        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs, max_seqlen_q, plan)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         if -1 in wanted:
@@ -297,7 +319,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
 
     ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
-    when tied to the embedding)."""
+    when tied to the embedding). The q/k/v and gate/up projections are fused for inference (:mod:`.fused_linear`);
+    the state dict keeps the checkpoint's names."""
     cfg, sd = load_state_dict(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
@@ -308,4 +331,4 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     model.load_state_dict(sd, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype)
+    return fuse_projections(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype))

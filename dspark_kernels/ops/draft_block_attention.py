@@ -22,12 +22,14 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
+from ..reference._paged_attention import AttentionPlan
 from ..reference.draft_block_attention import draft_block_attention_ref
+from ..reference.draft_block_attention import plan_draft_block_attention as _plan_ref
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
-__all__ = ["draft_block_attention", "draft_block_attention_triton"]
+__all__ = ["draft_block_attention", "draft_block_attention_triton", "plan_draft_block_attention"]
 
 _DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
@@ -187,12 +189,25 @@ def draft_block_attention(
     impl: str | None = None,
     check_inputs: bool = True,
     max_seqlen_q: int | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
-    """Block attention of the parallel drafter; see the module docstring for shapes. Inputs are never modified."""
+    """Block attention of the parallel drafter; see the module docstring for shapes. ``plan``: from
+    :func:`plan_draft_block_attention` for the same page table, offsets and lengths (every draft layer shares one);
+    the reference path reuses its index work, the Triton kernel needs none. Inputs are never modified."""
     if check_inputs:
         _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
     args = (q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, scale)
     if resolve_impl(impl, q.device) == "triton":
         return draft_block_attention_triton(*args, max_seqlen_q)
-    return draft_block_attention_ref(*args)
+    return draft_block_attention_ref(*args, plan)
+
+
+def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, ctx_lens: torch.Tensor,
+                               page_size: int, num_q_heads: int, *, impl: str | None = None) -> AttentionPlan | None:
+    """Plan once, run per layer: the reference path's index work for these lengths, to pass as
+    ``draft_block_attention(..., plan=)`` to every draft layer; ``None`` when ``impl`` resolves to the Triton kernel,
+    which plans nothing. Reads the lengths on the host."""
+    if resolve_impl(impl, page_table.device) == "triton":
+        return None
+    return _plan_ref(page_table, cu_seqlens_q, ctx_lens, page_size, num_q_heads)

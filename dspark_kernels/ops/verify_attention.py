@@ -20,12 +20,14 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
+from ..reference._paged_attention import AttentionPlan
+from ..reference.verify_attention import plan_verify_attention as _plan_ref
 from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
-__all__ = ["verify_attention", "verify_attention_triton"]
+__all__ = ["plan_verify_attention", "verify_attention", "verify_attention_triton"]
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens) -> None:
@@ -69,18 +71,31 @@ def verify_attention(
     impl: str | None = None,
     check_inputs: bool = True,
     max_seqlen_q: int | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Ragged causal attention over a paged KV cache; see the module docstring for shapes.
 
     ``check_inputs=False`` skips validation (it reads ``cu_seqlens_q``/``seq_lens`` on the host) for hot loops and
-    CUDA-graph capture; pass ``max_seqlen_q`` too so the Triton launch needs no host sync. Inputs are never modified.
+    CUDA-graph capture; pass ``max_seqlen_q`` too so the Triton launch needs no host sync. ``plan``: from
+    :func:`plan_verify_attention` for the same page table, offsets and lengths (every layer of a forward shares one);
+    the reference path reuses its index work, the Triton kernel needs none. Inputs are never modified.
     """
     if check_inputs:
         _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
     if resolve_impl(impl, q.device) == "triton":
         return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q)
-    return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale)
+    return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, plan)
+
+
+def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                          page_size: int, num_q_heads: int, *, impl: str | None = None) -> AttentionPlan | None:
+    """Plan once, run per layer: the reference path's index work (cache slots to gather, padding, causal mask) for
+    these lengths, to pass as ``verify_attention(..., plan=)`` to every call that shares them; ``None`` when ``impl``
+    resolves to the Triton kernel, which plans nothing. Reads the lengths on the host."""
+    if resolve_impl(impl, page_table.device) == "triton":
+        return None
+    return _plan_ref(page_table, cu_seqlens_q, seq_lens, page_size, num_q_heads)
 
 
 _DEFAULTS = {

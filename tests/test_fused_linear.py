@@ -1,0 +1,75 @@
+"""Fused q/k/v and gate/up projections (inference): same outputs, same state dict, no extra weight memory."""
+
+import pytest
+import torch
+from torch import nn
+
+from dspark_kernels.models import CausalLM, generate, load_model
+from dspark_kernels.models.fused_linear import FusedLinear
+from dspark_kernels.models.gemm_dtype import cast_gemm_weights
+from tests.tiny_models import save_tiny_qwen3
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    return save_tiny_qwen3(tmp_path_factory.mktemp("target"), vocab_size=96, peak=1.0)
+
+
+def unfused_copy(model: CausalLM, gemm_dtype=None) -> CausalLM:
+    """The same weights in a freshly built model whose projections run one by one."""
+    plain = CausalLM(model.config)
+    plain.load_state_dict({k: v.float() for k, v in model.state_dict().items()})
+    return cast_gemm_weights(plain.eval().requires_grad_(False), gemm_dtype)
+
+
+def forward_logits(model: CausalLM, ids: list[int]) -> torch.Tensor:
+    """Prefill all but the last 3 tokens, then a 3-token verify chunk: logits of both calls, concatenated."""
+    cache = model.new_cache(8, 4)
+    cache.add_request(0)
+    out = []
+    for chunk in (ids[:-3], ids[-3:]):
+        t = torch.tensor(chunk)
+        out.append(model(t, torch.tensor([0, len(chunk)], dtype=torch.int32), [0], cache).logits)
+    return torch.cat(out)
+
+
+def test_state_dict_names_and_weight_memory_are_unchanged(target_dir):
+    model = load_model(target_dir)
+    assert model.state_dict().keys() == CausalLM(model.config).state_dict().keys()
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    fused = attn.fused_qkv.weight
+    assert fused.shape[0] == attn.q_proj.out_features + 2 * attn.k_proj.out_features
+    # the layers' weights are views of the fused one: no second copy
+    row = fused.stride(0) * fused.element_size()
+    assert attn.q_proj.weight.data_ptr() == fused.data_ptr()
+    assert attn.k_proj.weight.data_ptr() == fused.data_ptr() + attn.q_proj.out_features * row
+    assert mlp.up_proj.weight.data_ptr() == mlp.fused_gate_up.weight.data_ptr() + mlp.gate_proj.out_features * (
+        mlp.fused_gate_up.weight.stride(0) * mlp.fused_gate_up.weight.element_size())
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("gemm_dtype,tol", [(None, 1e-5), ("bfloat16", 2e-2)])
+def test_fused_projections_compute_what_the_separate_ones_do(target_dir, gemm_dtype, tol):
+    fused = load_model(target_dir, gemm_dtype=gemm_dtype)
+    plain = unfused_copy(fused, gemm_dtype)
+    assert fused.model.layers[0].self_attn.fused_qkv is not None and plain.model.layers[0].self_attn.fused_qkv is None
+    ids = torch.randint(0, 96, (11,), generator=torch.Generator().manual_seed(3)).tolist()
+    torch.testing.assert_close(forward_logits(fused, ids), forward_logits(plain, ids), rtol=tol, atol=tol)
+    if gemm_dtype is None:  # same greedy text
+        assert generate(fused, [ids[:4]], 12).tokens == generate(plain, [ids[:4]], 12).tokens
+
+
+def test_a_weight_replaced_after_fusion_is_caught(target_dir):
+    model = load_model(target_dir)
+    attn = model.model.layers[1].self_attn
+    attn.k_proj.weight = nn.Parameter(attn.k_proj.weight.clone(), requires_grad=False)
+    with pytest.raises(RuntimeError, match="replaced after fusion"):
+        forward_logits(model, [1, 2, 3, 4, 5])
+
+
+def test_mismatched_layers_are_refused():
+    with pytest.raises(ValueError, match="input size"):
+        FusedLinear([nn.Linear(4, 3), nn.Linear(5, 3)])
+    with pytest.raises(ValueError, match="all have a bias"):
+        FusedLinear([nn.Linear(4, 3), nn.Linear(4, 3, bias=False)])
