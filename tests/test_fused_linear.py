@@ -60,6 +60,30 @@ def test_fused_projections_compute_what_the_separate_ones_do(target_dir, gemm_dt
         assert generate(fused, [ids[:4]], 12).tokens == generate(plain, [ids[:4]], 12).tokens
 
 
+def test_parts_from_first_on_use_only_their_rows():
+    torch.manual_seed(2)
+    layers = [nn.Linear(8, 3), nn.Linear(8, 5), nn.Linear(8, 2)]
+    x = torch.randn(4, 8)
+    expected = [layer(x) for layer in layers]
+    fused = FusedLinear(layers)
+    for got, want in zip(fused(x), expected):
+        torch.testing.assert_close(got, want)
+    tail = fused(x, first=1)
+    assert [t.shape[1] for t in tail] == [5, 2]
+    for got, want in zip(tail, expected[1:]):
+        torch.testing.assert_close(got, want)
+
+
+def test_keys_values_alone_match_the_unfused_layer(target_dir):
+    fused = load_model(target_dir)
+    plain = unfused_copy(fused)
+    x = torch.randn(5, fused.config.hidden_size)
+    cos, sin = fused._rope(torch.arange(5), x.dtype)
+    for a, b in zip(fused.model.layers, plain.model.layers):
+        for got, want in zip(a.self_attn.keys_values(x, cos, sin), b.self_attn.keys_values(x, cos, sin)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_weight_replaced_after_fusion_is_caught(target_dir):
     model = load_model(target_dir)
     attn = model.model.layers[1].self_attn

@@ -47,13 +47,16 @@ class FusedLinear:
             start += size
         self._views = [part.weight.data_ptr() for part in parts]
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``x [T, in]`` (any float dtype) -> one ``[T, out_i]`` view per part, in ``x``'s dtype (the GEMM runs in
-        the weight dtype, like :class:`~.gemm_dtype.CastGemmLinear`)."""
+    def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
+        """``x [T, in]`` (any float dtype) -> one ``[T, out_i]`` view per part from part ``first`` on (a GEMM over
+        those parts' rows only), in ``x``'s dtype (the GEMM runs in the weight dtype, like
+        :class:`~.gemm_dtype.CastGemmLinear`)."""
         if any(part.weight.data_ptr() != view for part, view in zip(self.parts, self._views)):
             raise RuntimeError("a fused layer's weight was replaced after fusion; fuse again after loading")
-        y = F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
-        return y.split(self.sizes, dim=-1)
+        skip = sum(self.sizes[:first])
+        bias = None if self.bias is None else self.bias[skip:]
+        y = F.linear(x.to(self.weight.dtype), self.weight[skip:], bias).to(x.dtype)
+        return y.split(self.sizes[first:], dim=-1)
 
     __call__ = forward
 

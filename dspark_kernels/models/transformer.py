@@ -87,7 +87,8 @@ class Attention(nn.Module):
 
     def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x [T, hidden]`` -> roped keys and values ``[T, Hkv, D]`` (Qwen3: per-head k_norm first)."""
-        return self._rope_keys_values(self.k_proj(x), self.v_proj(x), cos, sin)
+        k, v = (self.k_proj(x), self.v_proj(x)) if self.fused_qkv is None else self.fused_qkv(x, first=1)
+        return self._rope_keys_values(k, v, cos, sin)
 
     def queries_keys_values(self, x: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
