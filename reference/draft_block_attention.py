@@ -7,15 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ._paged_attention import (
-    AttentionPlan,
-    GroupPlan,
-    PagedRead,
-    RaggedRows,
-    mask_or_none,
-    masked_gqa_attention,
-    request_groups,
-)
+from . import _paged_attention as paged
+from ._paged_attention import AttentionPlan
 
 
 def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, ctx_lens: torch.Tensor,
@@ -28,15 +21,15 @@ def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Ten
     q_lens, ctx = q_lens_t.tolist(), ctx_t.tolist()
     total = int(cu[-1]) if len(q_lens) else 0
     groups = []
-    for g in request_groups(q_lens, [c + n for c, n in zip(ctx, q_lens)], num_q_heads):
+    for g in paged.request_groups(q_lens, [c + n for c, n in zip(ctx, q_lens)], num_q_heads):
         max_q, max_ctx = max(q_lens[g]), max(ctx[g])
         if max_q == 0:
             continue
-        block = RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total)
+        block = paged.RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total)
         ctx_ok = torch.arange(max_ctx, device=cu.device) < ctx_t[g, None]
         key_ok = torch.cat([ctx_ok, block.valid], dim=1)  # [n, context keys then block keys]
-        groups.append(GroupPlan(block, PagedRead.of(page_table[g], ctx_t[g], max_ctx, page_size),
-                                mask_or_none(key_ok[:, None, :].expand(-1, max_q, -1))))
+        cached = paged.PagedRead.of(page_table[g], ctx_t[g], max_ctx, page_size)
+        groups.append(paged.GroupPlan(block, cached, paged.mask_or_none(key_ok[:, None, :].expand(-1, max_q, -1))))
     return AttentionPlan(total, page_size, tuple(groups))
 
 
@@ -74,6 +67,6 @@ def draft_block_attention_ref(
         # the blocks' padding rows are zeros, like the context's
         k = torch.cat([g.cached.gather(k_cache), g.queries.padded(k_block, zero_padding=True)], 1)
         v = torch.cat([g.cached.gather(v_cache), g.queries.padded(v_block, zero_padding=True)], 1)
-        o = masked_gqa_attention(g.queries.padded(q), k, v, g.allowed, sm_scale)
+        o = paged.masked_gqa_attention(g.queries.padded(q), k, v, g.allowed, sm_scale)
         g.queries.scatter(out, o)
     return out
