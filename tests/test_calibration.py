@@ -8,6 +8,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from dspark_kernels.train.calibration import (
     ece_noise_floor,
     expected_calibration_error,
     fit_sts,
+    load_mean_survival,
     load_temperatures,
     save_temperatures,
     sts_grid,
@@ -231,6 +233,21 @@ def _write(tmp_path, doc) -> object:
 def test_malformed_files(tmp_path, doc, match):
     with pytest.raises(ValueError, match=match):
         load_temperatures(_write(tmp_path, doc))
+
+
+def test_mean_survival_prior_of_the_shipped_drafter_and_bad_tables(tmp_path):
+    shipped = load_mean_survival(Path(__file__).resolve().parents[1] / "dspark_kernels/assets/drafters/dspark", 7)
+    assert len(shipped) == 7 and all(0 < b < a < 1 for a, b in zip(shipped, shipped[1:]))  # a prefix survival
+    rows = [{"position": j + 1, "mean_pred": 0.5 ** (j + 1)} for j in range(3)]
+    doc = {"format": "dspark-sts-v1", "gamma": 3, "temperatures": [1.0] * 3, "metrics_after": {"cumulative": rows}}
+    assert load_mean_survival(_write(tmp_path, doc), 2) == [0.5, 0.25]
+    with pytest.raises(ValueError, match="at least 4 positions"):
+        load_mean_survival(_write(tmp_path, doc), 4)
+    rows[1]["mean_pred"] = 1.5
+    with pytest.raises(ValueError, match="position 2 mean_pred = 1.5 is not in"):
+        load_mean_survival(_write(tmp_path, doc), 3)
+    with pytest.raises(ValueError, match="metrics_after.cumulative"):
+        load_mean_survival(_write(tmp_path, {**doc, "metrics_after": None}), 1)
 
 
 def test_missing_file_wrong_gamma_and_bad_save(tmp_path):

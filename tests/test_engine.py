@@ -148,6 +148,16 @@ def test_draft_gate_drafts_only_when_it_pays_and_stays_lossless(target, drafter,
     else:
         assert tokens == generate(target, PROMPTS, steps, temperature=0.0).tokens
     calls.clear()
+    # with a prior (the drafter's held-out mean survival) the gate needs no first round: it probes from step 2 on
+    policy = make_policy("dspark+gate", prior_survival=[0.5] * GAMMA)
+    policy.GATE_PROBE = policy.GATE_PROBE_MAX = 2
+    eng = Engine(target, drafter, policy, flat_profile(n * (GAMMA + 1), 100.0), GAMMA, page_size=8, max_batch=n,
+                 max_seq_len=48, draft_profile=flat_profile(n, 1.0))
+    out = run_closed_loop(eng, prompts, n, steps, temperature=temperature)
+    assert len(calls) == (out["steps"] - 1) // 2  # steps 2, 4, ...
+    if not temperature:
+        assert [eng.requests[i].tokens for i in out["rids"]] == generate(target, PROMPTS, steps, temperature=0.0).tokens
+    calls.clear()
     open_gate = Engine(target, drafter, make_policy("dspark+gate"), flat_profile(n * (GAMMA + 1), 100.0), GAMMA,
                        page_size=8, max_batch=n, max_seq_len=48, draft_profile=flat_profile(n, 1e9))
     out = run_closed_loop(open_gate, prompts, n, steps, temperature=temperature)
@@ -173,12 +183,26 @@ def _probes(policy, steps):
 
 
 def test_closed_gate_probes_less_and_less_and_reopens():
+    """The mean set before any drafted round is a prior: its first decision (step 1 here) counts as a probe."""
     near = _gate(42.0)  # gain 3 / (1 + 100 / 42) = 0.89: probes back off 8, 16, 32, ... up to 256
-    assert _probes(near, range(1, 800)) == [8, 24, 56, 120, 248, 504, 760]
-    far = _gate(10.0)  # gain 3 / 11 = 0.27: after the first probe it waits the longest at once
-    assert _probes(far, range(1, 800)) == [8, 264, 520, 776]
+    assert _probes(near, range(1, 800)) == [9, 25, 57, 121, 249, 505, 761]
+    far = _gate(10.0)  # gain 3 / 11 = 0.27: it waits the longest at once
+    assert _probes(far, range(1, 800)) == [257, 513, 769]
     far.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))  # drafting pays now: open
     assert far.drafts([0, 1], 777) and far._probe_wait == far.GATE_PROBE
+
+
+def test_gate_prior_is_checked_and_replaced_by_the_first_drafted_round():
+    with pytest.raises(ValueError, match="prior_survival must hold probabilities"):
+        make_policy("dspark+gate", prior_survival=[0.5, 1.2])
+    with pytest.raises(ValueError, match="3 prior survival values for gamma = 4"):
+        make_policy("dspark_prod+gate", prior_survival=[0.5] * 3).bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA,
+                                                                       4, flat_profile(4, 1.0))
+    policy = make_policy("dspark+gate", prior_survival=[0.9] * GAMMA)
+    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))
+    assert policy.drafts([0, 1], 0)  # drafting pays on the prior alone: the first round drafts
+    policy._remember(torch.full((2 * GAMMA,), 0.1), 2, 0)
+    assert policy._mean_survival == pytest.approx([0.1] * GAMMA)  # a measurement replaces the prior
 
 
 def test_gate_mean_survival_is_a_plain_mean_before_the_ema():

@@ -11,7 +11,8 @@ Two modes, same outputs:
   drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``,
   :func:`~dspark_kernels.engine.sps.profile_drafter`).
   They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
-  ``--prompt-len`` contexts) and saved.
+  ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean survival
+  (its ``calibration.json``) instead of drafting a first round to measure it.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -34,6 +35,7 @@ import json
 import platform
 import random
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +58,7 @@ from ..engine.sps import (
 from ..models import load_model
 from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
-from ..train.calibration import load_temperatures
+from ..train.calibration import load_mean_survival, load_temperatures
 from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
@@ -95,11 +97,20 @@ def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tupl
     return [[1] + [rng.randrange(4, vocab) for _ in range(args.prompt_len - 1)] for _ in range(n)], "random"
 
 
-def _temperatures(drafter_dir: Path, gamma: int) -> torch.Tensor | None:
-    try:
-        return load_temperatures(drafter_dir, gamma)
-    except FileNotFoundError:
-        return None
+@dataclass(frozen=True)
+class Calibration:
+    """The drafter's STS temperatures ``[gamma]`` and held-out mean survival ``[gamma]`` (the draft gate's prior);
+    both ``None`` for an uncalibrated drafter."""
+
+    temperatures: torch.Tensor | None
+    prior_survival: list[float] | None
+
+    @classmethod
+    def of(cls, drafter_dir: Path, gamma: int) -> Calibration:
+        try:
+            return cls(load_temperatures(drafter_dir, gamma), load_mean_survival(drafter_dir, gamma))
+        except FileNotFoundError:
+            return cls(None, None)
 
 
 def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> tuple[object, int]:
@@ -127,7 +138,7 @@ def _live_profile(args, model: str, size: int, measure) -> tuple[SPSProfile, str
     return profile, f"measured, saved to {profile.save(args.sps_dir)}"
 
 
-def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
+def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
     # bf16 GEMMs give other profiles than fp32 ones
     suffix = "" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}"
     max_c, target_name = max(args.concurrency), Path(args.model).name
@@ -152,7 +163,8 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
         runs: dict[str, list[dict]] = {}
         for _ in range(args.repeats):
             for name, (run_drafter, gamma) in list(runners.items()):
-                eng = Engine(target, run_drafter, make_policy(name, temps), profile, gamma, max_batch=c,
+                eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
+                             gamma, max_batch=c,
                              max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1,
                              draft_profile=draft_profile if run_drafter is drafter else None)
                 try:
@@ -179,7 +191,7 @@ def run_live(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]
     return points, profile, where
 
 
-def run_replay(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, str]:
+def run_replay(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
     if args.profile is not None:
         profile, where = read_profile(args.profile), str(args.profile)
     else:
@@ -193,7 +205,7 @@ def run_replay(args, target, drafter, temps) -> tuple[list[dict], SPSProfile, st
     names = [n for n in args.policies if n not in GATED_POLICY_NAMES]
     if len(names) < len(args.policies):
         print("replay charges no drafting: the gated policies run in live mode only", flush=True)
-    points = sweep(names, traces, profile, args.concurrency, temps, seed=args.seed)
+    points = sweep(names, traces, profile, args.concurrency, cal.temperatures, seed=args.seed)
     for p in points:
         p["prompts"] = source
         _print_point(p)
@@ -305,16 +317,17 @@ def run(args: argparse.Namespace) -> dict:
         raise FileNotFoundError(f"no target model at {args.model} (config.json missing); pass --model")
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)
     drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)
-    temps = _temperatures(Path(args.drafter), args.gamma)
+    cal = Calibration.of(Path(args.drafter), args.gamma)
     runner = run_live if args.mode == "live" else run_replay
-    points, profile, where = runner(args, target, drafter, temps)
+    points, profile, where = runner(args, target, drafter, cal)
     data = {
         "benchmark": "serving", "mode": args.mode, "device": device_record(),
         "profile": {"device": profile.device, "model": profile.model, "source": profile.source,
                     "formula": profile.formula, "origin": where},
         "settings": {"model": str(args.model), "drafter": str(args.drafter), "gamma": args.gamma,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-                     "prompt_len": args.prompt_len, "calibrated": temps is not None, "seed": args.seed,
+                     "prompt_len": args.prompt_len, "calibrated": cal.temperatures is not None,
+                     "gate_prior": cal.prior_survival, "seed": args.seed,
                      "gemm_dtype": args.gemm_dtype},
         "points": points,
     }

@@ -17,10 +17,13 @@ Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no,
 (no draft, verify length 0). ``none`` never drafts. The gated DSpark policies (``dspark+gate``,
 ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft round of the live
 requests included against the target's plain rate, with the expected accepted length from the running mean of the
-calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1); while the gate is closed they still probe
-(draft) after ``GATE_PROBE`` steps to refresh that mean, doubling the wait after each unprofitable probe up to
-``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below
-``GATE_FAR``: the accepted length would have to grow by a third, which one more probe will not show). Plain steps
+calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is
+given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first round,
+which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to
+refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
+``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would
+have to grow by a third, which one more probe will not show); the first measurement (the prior, or the first round)
+counts as a probe. Plain steps
 defer the drafter's context (the engine extends it when drafting resumes), so a closed gate costs no drafter work at
 all. On a GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a
 decode step (this repository's CPU) it is what keeps speculation from falling below plain decoding.
@@ -177,39 +180,65 @@ class _Confident(Policy):
     GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
     GATE_FAR = 0.75  # ... or waiting the longest at once while the modelled gain of drafting is below this
 
-    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
+    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
+                 prior_survival: Sequence[float] | None = None) -> None:
         if temperatures is not None:
             temperatures = torch.as_tensor(temperatures, dtype=torch.float32)
             if temperatures.dim() != 1 or not bool(torch.isfinite(temperatures).all() & (temperatures > 0).all()):
                 raise ValueError(f"temperatures must be a 1-D tensor of positive finite values, got {temperatures}")
+        if prior_survival is not None:
+            prior_survival = [float(a) for a in prior_survival]
+            if not all(0 <= a <= 1 for a in prior_survival):
+                raise ValueError(f"prior_survival must hold probabilities in [0, 1], got {prior_survival}")
         self.temperatures, self.gate = temperatures, gate
         if gate:
             self.name += "+gate"
-        self._mean_survival: list[float] | None = None  # host copy: the gate reads it every step
+        # the gate's running mean survival per position (a host copy: it is read every step); a prior (the drafter's
+        # held-out mean) stands in for it until the first drafted round
+        self._mean_survival: list[float] | None = prior_survival
         self._drafted_rounds = 0
         self._last_drafted = 0
-        self._probe_wait = self.GATE_PROBE
+        self._probe_wait: int | None = None  # steps from the last drafted round to the next probe (None: not yet set)
+        self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
 
     def bind(self, profile, gamma, max_batch, draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile)
         if self.temperatures is not None and self.temperatures.numel() < gamma:
             raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
+        if self._mean_survival is not None and len(self._mean_survival) < gamma:
+            raise ValueError(f"{len(self._mean_survival)} prior survival values for gamma = {gamma}")
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
+        self._gains = {}
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        gain = drafting_gain(self._mean_survival, len(live), self.step_table(len(live)), self.sps_table)
+        r = len(live)
+        gain = self._gains.get(r)
+        if gain is None:
+            gain = self._gains[r] = drafting_gain(self._mean_survival[: self.gamma], r, self.step_table(r),
+                                                  self.sps_table)
         if gain > 1:
             self._probe_wait = self.GATE_PROBE
             return True
+        if self._probe_wait is None:  # the first drafted round, or else the prior, counts as the first probe
+            if not self._drafted_rounds:
+                self._last_drafted = step
+            self._probe_wait = self._next_wait(gain)
+            return False
         if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
-            self._probe_wait = self.GATE_PROBE_MAX if gain < self.GATE_FAR else min(2 * self._probe_wait,
-                                                                                    self.GATE_PROBE_MAX)
+            self._probe_wait = self._next_wait(gain)
             return True
         return False
+
+    def _next_wait(self, gain: float) -> int:
+        """The wait after a probe (or the prior) found drafting unprofitable: the longest at once while it is far
+        from paying, else double the last wait (the first wait is ``GATE_PROBE``)."""
+        if gain < self.GATE_FAR:
+            return self.GATE_PROBE_MAX
+        return self.GATE_PROBE if self._probe_wait is None else min(2 * self._probe_wait, self.GATE_PROBE_MAX)
 
     def _round_inputs(self, conf_logits: torch.Tensor | None, live: Sequence, step: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -228,6 +257,7 @@ class _Confident(Policy):
         w = max(1.0 / self._drafted_rounds, self.GATE_EMA)
         old = self._mean_survival or mean
         self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)]
+        self._gains = {}
         self._last_drafted = step
 
 
@@ -266,8 +296,9 @@ class DSparkProd(_Confident):
     name = "dspark_prod"
     STALENESS = 2
 
-    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False) -> None:
-        super().__init__(temperatures, gate)
+    def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
+                 prior_survival: Sequence[float] | None = None) -> None:
+        super().__init__(temperatures, gate, prior_survival)
         self._history: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.STALENESS)
 
     def choose(self, conf_logits, live, step, realised=None):
@@ -338,8 +369,12 @@ class Oracle(Policy):
         return realised.long().clamp(max=self.gamma)
 
 
-def make_policy(name: str, temperatures: torch.Tensor | None = None) -> Policy:
-    """A policy by name (see the module docstring); ``temperatures``: STS calibration for the confidence policies."""
+def make_policy(name: str, temperatures: torch.Tensor | None = None,
+                prior_survival: Sequence[float] | None = None) -> Policy:
+    """A policy by name (see the module docstring); ``temperatures``: STS calibration for the confidence policies;
+    ``prior_survival [>= gamma]``: the drafter's held-out mean calibrated survival per position
+    (``train.calibration.load_mean_survival``), the draft gate's starting point (DSpark policies only; without it
+    the gate drafts its first round to measure)."""
     if name == "none":
         return FixedK(0, "none")
     if name == "mtp1":
@@ -357,7 +392,7 @@ def make_policy(name: str, temperatures: torch.Tensor | None = None) -> Policy:
         return simple[name]()
     base, gated = name.removesuffix("+gate"), name.endswith("+gate")
     if base == "dspark":
-        return DSpark(temperatures, gate=gated)
+        return DSpark(temperatures, gate=gated, prior_survival=prior_survival)
     if base == "dspark_prod":
-        return DSparkProd(temperatures, gate=gated)
+        return DSparkProd(temperatures, gate=gated, prior_survival=prior_survival)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + GATED_POLICY_NAMES)}")

@@ -320,15 +320,8 @@ def save_temperatures(path, temps, metrics_before=None, metrics_after=None, meta
     return out
 
 
-def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
-    """Read the STS temperatures ``[gamma]`` float32 (the ``position_temperatures`` of ``ops.prefix_survival``).
-
-    ``path``: a drafter directory or the file. ``gamma`` (optional) asks for the first ``gamma`` temperatures: STS fits
-    positions left to right with earlier ones fixed, so a prefix is exactly what a fit at that block size gives.
-    Raises ``FileNotFoundError`` when missing and ``ValueError`` on malformed JSON, a wrong format tag, a length that
-    disagrees with the stored ``gamma``, a requested ``gamma`` above the stored one, or a temperature that is not a
-    positive finite number.
-    """
+def _read_calibration(path) -> tuple[Path, dict]:
+    """The calibration file of ``path`` (a drafter directory or the file) and its JSON object, format-checked."""
     src = _resolve(path)
     if not src.is_file():
         raise FileNotFoundError(f"calibration file missing: {src} (run python -m dspark_kernels.train.calibration)")
@@ -338,6 +331,19 @@ def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
         raise ValueError(f"{src}: not valid JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ValueError(f"{src}: not a calibration file (expected a JSON object with format {FORMAT!r})")
+    return src, doc
+
+
+def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
+    """Read the STS temperatures ``[gamma]`` float32 (the ``position_temperatures`` of ``ops.prefix_survival``).
+
+    ``path``: a drafter directory or the file. ``gamma`` (optional) asks for the first ``gamma`` temperatures: STS fits
+    positions left to right with earlier ones fixed, so a prefix is exactly what a fit at that block size gives.
+    Raises ``FileNotFoundError`` when missing and ``ValueError`` on malformed JSON, a wrong format tag, a length that
+    disagrees with the stored ``gamma``, a requested ``gamma`` above the stored one, or a temperature that is not a
+    positive finite number.
+    """
+    src, doc = _read_calibration(path)
     stored = doc.get("gamma")
     if isinstance(stored, bool) or not isinstance(stored, int) or stored < 1:
         raise ValueError(f"{src}: gamma must be an int >= 1, got {stored!r}")
@@ -347,6 +353,23 @@ def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
     if gamma is not None and not 1 <= gamma <= stored:
         raise ValueError(f"{src}: calibrated for gamma <= {stored}, requested gamma = {gamma}")
     return torch.tensor(values[:gamma], dtype=torch.float32)
+
+
+def load_mean_survival(path, gamma: int) -> list[float]:
+    """The held-out mean calibrated prefix survival ``[gamma]`` (``metrics_after``'s cumulative ``mean_pred`` at
+    positions 1..gamma): what the draft gate of the scheduled policies starts from before it has drafted
+    (``make_policy(..., prior_survival=)``). Raises like :func:`load_temperatures`, and ``ValueError`` when the file
+    has no such table for ``gamma`` positions or a value outside [0, 1]."""
+    src, doc = _read_calibration(path)
+    after = doc.get("metrics_after")
+    rows = after.get("cumulative") if isinstance(after, dict) else None
+    if not isinstance(rows, list) or len(rows) < gamma:
+        raise ValueError(f"{src}: metrics_after.cumulative must list at least {gamma} positions")
+    means = [row.get("mean_pred") if isinstance(row, dict) else None for row in rows[:gamma]]
+    for j, m in enumerate(means, 1):
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+            raise ValueError(f"{src}: metrics_after.cumulative position {j} mean_pred = {m!r} is not in [0, 1]")
+    return [float(m) for m in means]
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
