@@ -266,7 +266,7 @@ def test_reference_markov_bias_matches_plain_product(threads, rows, v, layout):
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = ref_module._add_markov_bias(logits, lat, w2)
+        out = ref_module._MarkovBias(w2).add(logits, lat)
     finally:
         torch.set_num_threads(saved)
     torch.testing.assert_close(out, logits + lat @ w2)
