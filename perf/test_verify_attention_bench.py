@@ -1,5 +1,9 @@
 """verify_attention speed: the reference on CPU at small shapes, the Triton kernel on CUDA at serving shapes.
 
+The CPU cases run unplanned (each call plans its own index work) and planned (one ``plan_verify_attention`` made
+outside the timed call and reused, as every layer of a model forward does), at the perf shapes and at the shipped
+target's (4 query heads, 2 KV heads, D = 64, 128 cached tokens).
+
 Bytes = Q read + each request's K/V pages read once per KV head + O written; FLOPs = 4 * Hq * D per visible
 (query, key) pair (QK^T and PV). On a GPU the record carries achieved GB/s, TFLOP/s and % of peak.
 """
@@ -7,7 +11,7 @@ Bytes = Q read + each request's K/V pages read once per KV head + O written; FLO
 import pytest
 import torch
 
-from dspark_kernels.ops import verify_attention
+from dspark_kernels.ops import plan_verify_attention, verify_attention
 from perf.roofline import record, sync
 from tests.test_verify_attention import make_paged_batch
 
@@ -19,8 +23,10 @@ def _cost(q_lens, kv_lens, hq, hkv, d, elem):
 
 
 CPU_SHAPES = [
-    pytest.param([1] * 4, [512] * 4, id="decode-R4-ctx512"),
-    pytest.param([8] * 4, [512] * 4, id="verify8-R4-ctx512"),
+    pytest.param([1] * 4, [512] * 4, (32, 8, 128), id="decode-R4-ctx512"),
+    pytest.param([8] * 4, [512] * 4, (32, 8, 128), id="verify8-R4-ctx512"),
+    pytest.param([1], [128], (4, 2, 64), id="decode-R1-ctx128-shipped"),
+    pytest.param([8], [128], (4, 2, 64), id="verify8-R1-ctx128-shipped"),
 ]
 GPU_SHAPES = [
     pytest.param([1] * 64, [2048] * 64, id="decode-R64-ctx2k"),
@@ -30,13 +36,14 @@ GPU_SHAPES = [
 ]
 
 
-def _run(benchmark, device, q_lens, kv_lens, impl, dtype):
-    hq, hkv, d, page_size = 32, 8, 128, 16
+def _run(benchmark, device, q_lens, kv_lens, impl, dtype, heads=(32, 8, 128), planned=False):
+    (hq, hkv, d), page_size = heads, 16
     args = [a.to(device) for a in make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size, dtype=dtype)]
     max_q = max(q_lens)
+    plan = plan_verify_attention(*args[3:6], page_size, hq, impl=impl) if planned else None
 
     def step():
-        verify_attention(*args, impl=impl, check_inputs=False, max_seqlen_q=max_q)
+        verify_attention(*args, impl=impl, check_inputs=False, max_seqlen_q=max_q, plan=plan)
         sync(device)
 
     step()
@@ -44,16 +51,18 @@ def _run(benchmark, device, q_lens, kv_lens, impl, dtype):
     bytes_moved, flops = _cost(q_lens, kv_lens, hq, hkv, d, args[0].element_size())
     record(
         benchmark,
-        shapes={"q_len": q_lens[0], "R": len(q_lens), "kv_len": kv_lens[0], "hq": hq, "hkv": hkv, "d": d},
+        shapes={"q_len": q_lens[0], "R": len(q_lens), "kv_len": kv_lens[0], "hq": hq, "hkv": hkv, "d": d,
+                "planned": planned},
         bytes_moved=bytes_moved,
         flops=flops,
         impl=impl,
     )
 
 
-@pytest.mark.parametrize("q_lens,kv_lens", CPU_SHAPES)
-def test_verify_attention_reference_cpu(benchmark, q_lens, kv_lens):
-    _run(benchmark, torch.device("cpu"), q_lens, kv_lens, "torch", torch.float32)
+@pytest.mark.parametrize("planned", [False, True], ids=["unplanned", "planned"])
+@pytest.mark.parametrize("q_lens,kv_lens,heads", CPU_SHAPES)
+def test_verify_attention_reference_cpu(benchmark, q_lens, kv_lens, heads, planned):
+    _run(benchmark, torch.device("cpu"), q_lens, kv_lens, "torch", torch.float32, heads, planned)
 
 
 @pytest.mark.parametrize("q_lens,kv_lens", GPU_SHAPES)
