@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,7 +41,9 @@ from ..models import CausalLM
 from ..models.drafter_api import Drafter, DraftOutput
 from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
 from .policies import Policy
-from .sps import SPSProfile
+
+if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
+    from .sps import SPSProfile
 
 __all__ = ["Engine", "Request", "run_closed_loop"]
 

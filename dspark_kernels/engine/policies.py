@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -51,7 +52,9 @@ from ..ops.survival import (
     select_verify_lengths_alg1,
     select_verify_lengths_topk,
 )
-from .sps import SPSProfile
+
+if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
+    from .sps import SPSProfile
 
 __all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "drafting_gain",
            "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .policies import Policy, make_policy
-from .sps import SPSProfile
+
+if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
+    from .sps import SPSProfile
 
 __all__ = ["Traces", "simulate", "sweep"]
 
