@@ -1,4 +1,5 @@
-"""Fused q/k/v and gate/up projections (inference): same outputs, same state dict, no extra weight memory."""
+"""The model forward's inference-time work: fused q/k/v and gate/up projections (same outputs, same state dict, no
+extra weight memory) and one attention plan per forward."""
 
 import pytest
 import torch
@@ -97,3 +98,21 @@ def test_mismatched_layers_are_refused():
         FusedLinear([nn.Linear(4, 3), nn.Linear(5, 3)])
     with pytest.raises(ValueError, match="all have a bias"):
         FusedLinear([nn.Linear(4, 3), nn.Linear(4, 3, bias=False)])
+
+
+def test_a_forward_plans_its_attention_once_for_every_layer(target_dir, monkeypatch):
+    """The CPU reference path plans the attention's index work once per forward, not once per layer."""
+    import importlib
+
+    import dspark_kernels.models.transformer as transformer
+
+    op = importlib.import_module("dspark_kernels.ops.verify_attention")  # the package attribute is the function
+
+    plans, unplanned = [], []
+    real_plan, real_ref = transformer.plan_verify_attention, op.verify_attention_ref
+    monkeypatch.setattr(transformer, "plan_verify_attention", lambda *a, **k: plans.append(1) or real_plan(*a, **k))
+    monkeypatch.setattr(op, "verify_attention_ref",
+                        lambda *a: unplanned.append(a[-1] is None) or real_ref(*a))
+    model = load_model(target_dir)
+    forward_logits(model, [1, 2, 3, 4, 5, 6])  # two forwards
+    assert len(plans) == 2 and len(unplanned) == 2 * model.config.num_hidden_layers and not any(unplanned)
