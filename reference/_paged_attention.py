@@ -113,8 +113,8 @@ class RaggedRows:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One request group: its queries, its cached K/V read, any extra in-call keys (the drafter's block) and the
-    attention mask ``allowed [n, 1, Q, K]`` (True = may attend; ``None`` when every query sees every key)."""
+    """One request group: its query rows (the drafter's block keys/values use the same rows), its cached K/V read and
+    the attention mask ``allowed [n, 1, Q, K]`` (True = may attend; ``None`` when every query sees every key)."""
 
     queries: RaggedRows
     cached: PagedRead

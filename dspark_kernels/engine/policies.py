@@ -208,8 +208,10 @@ class _Confident(Policy):
         super().bind(profile, gamma, max_batch, draft_profile)
         if self.temperatures is not None and self.temperatures.numel() < gamma:
             raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
-        if self._mean_survival is not None and len(self._mean_survival) < gamma:
-            raise ValueError(f"{len(self._mean_survival)} prior survival values for gamma = {gamma}")
+        if self._mean_survival is not None:
+            if len(self._mean_survival) < gamma:
+                raise ValueError(f"{len(self._mean_survival)} prior survival values for gamma = {gamma}")
+            self._mean_survival = self._mean_survival[:gamma]  # a measured mean has gamma positions too
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
@@ -221,8 +223,7 @@ class _Confident(Policy):
         r = len(live)
         gain = self._gains.get(r)
         if gain is None:
-            gain = self._gains[r] = drafting_gain(self._mean_survival[: self.gamma], r, self.step_table(r),
-                                                  self.sps_table)
+            gain = self._gains[r] = drafting_gain(self._mean_survival, r, self.step_table(r), self.sps_table)
         if gain > 1:
             self._probe_wait = self.GATE_PROBE
             return True
