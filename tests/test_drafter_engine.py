@@ -58,6 +58,44 @@ def test_training_forward_matches_inference(target, kind, rank):
         torch.testing.assert_close(prop.hidden, hid_t[0, a_idx], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_propose_takes_context_in_its_pass(target, impl):
+    """``propose(context=...)`` puts the committed tokens into the cache inside the backbone pass: the cache and the
+    proposal equal ``extend_context`` then ``propose``, ragged, with a request that has no new tokens this round."""
+    drafter = make_drafter(target)
+    seqs = [[random.randrange(4, VOCAB) for _ in range(n)] for n in (10, 7, 13)]
+    feats = [target_outputs(target, [s], drafter.feature_layers)[0][0] for s in seqs]
+    first, new = [6, 5, 4], [2, 0, 7]  # tokens extended before, tokens handed over with the draft
+    anchors = torch.tensor([s[a + b] for s, a, b in zip(seqs, first, new)])
+
+    def chunked(sizes, starts):
+        cu = torch.tensor([0, *sizes]).cumsum(0).to(torch.int32)
+        rows = torch.cat([f[s:s + n] for f, s, n in zip(feats, starts, sizes)])
+        return torch.zeros(rows.shape[0], dtype=torch.int64), rows, cu
+
+    caches, props = [], []
+    for fused in (False, True):
+        cache = drafter.new_state(32, 4)
+        for rid in range(3):
+            cache.add_request(rid)
+        drafter.extend_context(cache, [0, 1, 2], *chunked(first, [0, 0, 0])[1:])
+        ctx = chunked(new, first)
+        if not fused:
+            drafter.extend_context(cache, [0, 1, 2], *ctx[1:])
+        props.append(drafter.propose(cache, [0, 1, 2], anchors, 4, impl=impl, context=ctx if fused else None))
+        caches.append(cache)
+    assert [caches[1].length(r) for r in range(3)] == [a + b for a, b in zip(first, new)]
+    for layer in range(2):
+        for rid in range(3):
+            slots = caches[0].slot_mapping(*caches[0].batch_tensors([rid]),
+                                           torch.tensor([0, caches[0].length(rid)], dtype=torch.int32))
+            for kv0, kv1 in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
+                flat0, flat1 = (kv[layer].flatten(0, 1) for kv in (kv0, kv1))
+                torch.testing.assert_close(flat1[slots], flat0[slots], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(props[1].base_logits, props[0].base_logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(props[1].hidden, props[0].hidden, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind,rank", KINDS)
 @pytest.mark.parametrize("gamma", [1, 4, 7])
 def test_greedy_speculative_equals_target_greedy(target, kind, rank, gamma):

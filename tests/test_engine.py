@@ -230,8 +230,8 @@ class _DraftFrom(FixedK):
 
 @pytest.mark.parametrize("which", ["block", "chain"])
 def test_deferred_drafter_context_catches_up_exactly(target, drafter, monkeypatch, which):  # noqa: F811
-    """Plain steps defer the drafter's context; the next drafting round flushes it, and drafts exactly what a drafter
-    extended at every step drafts from the same context."""
+    """Plain steps defer the drafter's context; the next drafting round takes it in, and drafts exactly what a drafter
+    given its context at every step drafts from the same context."""
     from dspark_kernels.engine import engine as engine_module
     from tests.test_chain_drafter import make_drafter as make_chain_drafter
 
@@ -239,8 +239,8 @@ def test_deferred_drafter_context_catches_up_exactly(target, drafter, monkeypatc
     seen = {}
     real = engine_module.draft
 
-    def record(drafter_, dstate, live, anchors, gamma, samp, impl):
-        out = real(drafter_, dstate, live, anchors, gamma, samp, impl)
+    def record(drafter_, dstate, live, anchors, gamma, samp, impl, context=None):
+        out = real(drafter_, dstate, live, anchors, gamma, samp, impl, context=context)
         seen.setdefault(id(dstate), []).append(out)
         return out
 

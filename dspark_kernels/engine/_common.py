@@ -2,9 +2,12 @@
 
 * :class:`Sampling`: per-request sampling parameters and seeds of one batch, as device tensors ``[R]``;
 * :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
+* :class:`PendingContext`: committed tokens and their features per request, waiting for the request's next drafting
+  round (which takes them into the drafter's context in the same pass);
 * :func:`draft`: the drafter's ``gamma`` proposals with counter-based uniforms;
 * :func:`verify_round`: one ragged verify of ``[anchor, d_1 .. d_{l_r}]`` per request (``l_r`` in 0..gamma), lossless
-  rejection sampling, rollback of the rejected drafts in the target cache, drafter context grown by the kept tokens;
+  rejection sampling, rollback of the rejected drafts in the target cache; returns the kept tokens and their features
+  for the drafter's context;
 * :func:`finish_reason`: the length cap and EOS truncation of a request's emitted tokens.
 
 Randomness is counter-based: round ``t`` of a request with seed ``s`` draws from ``(s, t)`` only, so a request's
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, DraftOutput
+from ..models.drafter_api import DraftContext, Drafter, DraftOutput
 from ..noise import uniform_noise
 from ..ops import rejection_sample
 from ..ops.rejection_sample import rejection_noise
@@ -90,39 +93,76 @@ def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, 
     return res.output_token_ids[:, 0].tolist()
 
 
+class PendingContext:
+    """Committed tokens with their target features, per request, not yet given to the drafter.
+
+    A prefill or a verify round hands its kept tokens here (:meth:`add`); the request's next drafting round takes
+    them (:meth:`take`) as the ``context`` of :meth:`Drafter.draft`, which puts them into the drafter's context in the
+    same pass as the draft. Chunks of a request stay in commit order; a request that is not drafted keeps
+    accumulating them, so a round without drafting costs the drafter nothing.
+    """
+
+    def __init__(self) -> None:
+        self._chunks: dict = {}
+
+    def add(self, rids: Sequence, kept: DraftContext) -> None:
+        """Append ``kept = (token_ids [T], features [T, m * hidden], cu [R + 1])``, aligned with ``rids``."""
+        ids, feats, cu = kept
+        bounds = cu.tolist()
+        for j, rid in enumerate(rids):
+            if bounds[j + 1] > bounds[j]:
+                self._chunks.setdefault(rid, []).append((ids[bounds[j]:bounds[j + 1]], feats[bounds[j]:bounds[j + 1]]))
+
+    def take(self, rids: Sequence, device: torch.device) -> DraftContext | None:
+        """Remove and return the pending tokens of ``rids`` as one context aligned with ``rids`` (a request with none
+        gets an empty chunk); ``None`` when none of them has any."""
+        chunks = [self._chunks.pop(rid, []) for rid in rids]
+        if not any(chunks):
+            return None
+        lens = [sum(t.numel() for t, _ in chunk) for chunk in chunks]
+        cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(device, torch.int32)
+        return (torch.cat([t for chunk in chunks for t, _ in chunk]),
+                torch.cat([f for chunk in chunks for _, f in chunk]), cu)
+
+    def drop(self, rid) -> None:
+        """Forget a finished request's pending tokens."""
+        self._chunks.pop(rid, None)
+
+
 def draft(drafter: Drafter, dstate, rids: Sequence, anchors: torch.Tensor, gamma: int, sampling: Sampling,
-          impl: str | None = None) -> DraftOutput:
-    """``gamma`` drafts after each anchor ``[R]``; one uniform per draft from ``(seed, offset)`` (stream 7)."""
+          impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
+    """``gamma`` drafts after each anchor ``[R]``; one uniform per draft from ``(seed, offset)`` (stream 7);
+    ``context``: the requests' pending committed tokens (:class:`PendingContext`), taken in by the same call."""
     uniforms = None if sampling.greedy else uniform_noise(sampling.seed, sampling.offset, (gamma,),
                                                           stream=DRAFT_NOISE_STREAM).reshape(-1)
     return drafter.draft(dstate, list(rids), anchors, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
-                         uniforms, impl=impl)
+                         uniforms, impl=impl, context=context)
 
 
 @dataclass
 class RoundOutput:
     """``num_accepted [R]`` int32 on the device; ``accepted``: the same on the host; ``emitted[r]``: the accepted
-    drafts then the correction/bonus token (``accepted[r] + 1`` tokens); ``kept``: when the drafter's context was not
-    extended (``extend=False``), what it would have received: ``(token_ids [T], features [T, m * hidden],
-    cu [R + 1])``."""
+    drafts then the correction/bonus token (``accepted[r] + 1`` tokens); ``kept``: what the drafter's context grows by
+    (the anchor and the accepted drafts of each request with the target's features), for
+    :meth:`PendingContext.add`."""
 
     num_accepted: torch.Tensor
     accepted: list[int]
     emitted: list[list[int]]
-    kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    kept: DraftContext
 
 
-def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, anchors: torch.Tensor,
+def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anchors: torch.Tensor,
                  drafted: DraftOutput, verify_lens: torch.Tensor, gamma: int, sampling: Sampling,
                  accept_counter: torch.Tensor | None = None, draft_counter: torch.Tensor | None = None,
-                 impl: str | None = None, extend: bool = True) -> RoundOutput:
+                 impl: str | None = None) -> RoundOutput:
     """Verify ``[anchor_r, d_r1 .. d_r{l_r}]`` of every request in one ragged target forward.
 
     ``anchors [R]`` int64, ``drafted.tokens [R * gamma]``, ``verify_lens [R]`` int (0..gamma) on the device. Only the
     verified drafts (and their ``draft_probs`` rows) reach :func:`rejection_sample`; the optional per-position
     ``accept_counter``/``draft_counter [gamma]`` int64 are accumulated in place. Afterwards the target cache holds
-    the anchor and the accepted drafts of each request and the drafter's context has grown by the same tokens (with
-    ``extend=False`` they are returned in ``RoundOutput.kept`` instead, for a later ``drafter.extend``).
+    the anchor and the accepted drafts of each request; the same tokens with their features are returned in
+    ``RoundOutput.kept`` for the drafter's context (the next drafting round takes them in).
     """
     dev = anchors.device
     r = len(rids)
@@ -157,10 +197,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Seque
     keep = torch.cat([torch.arange(s, s + a + 1, device=dev) for s, a in zip(starts, accepted)])
     keep_cu = torch.tensor([0] + [a + 1 for a in accepted], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
     kept = (tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
-    if extend:
-        drafter.extend(dstate, list(rids), *kept)
-    return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)],
-                       None if extend else kept)
+    return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)], kept)
 
 
 def finish_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> str | None:

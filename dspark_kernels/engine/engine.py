@@ -11,9 +11,9 @@
    verified drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept
    tokens.
 
-The drafter's context is extended lazily: the prompt's and every plain step's committed tokens (with their target
-features) wait per request until the request's next drafting round, which extends the context in one call, so a
-policy that does not draft costs no drafter work at all.
+The drafter's context is extended lazily: the prompt's and every round's committed tokens (with their target
+features) wait per request (:class:`~._common.PendingContext`) until the request's next drafting round, whose draft
+takes them in within the same pass, so a policy that does not draft costs no drafter work at all.
 
 An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
 and free their target and drafter caches. Randomness is counter-based per request (round t of seed s uses (s, t)),
@@ -39,7 +39,7 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter, DraftOutput
-from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
+from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, prefill, verify_round
 from .policies import Policy
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
@@ -147,7 +147,7 @@ class Engine:
         self.live: list[int] = []
         self.steps = 0
         self._next_id = 0
-        self._deferred: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._pending = PendingContext()
         self._metrics = _Metrics(gamma, self.device)
 
     # ---------------------------------------------------------------------------------------------------- requests
@@ -192,30 +192,9 @@ class Engine:
                 req.t_end = now
                 self.tcache.free(i)
                 self.drafter.free(self.dstate, i)
-                self._deferred.pop(i, None)
+                self._pending.drop(i)
                 done.append(i)
         return done
-
-    def _defer_context(self, rids: Sequence[int], kept: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
-        """Keep committed tokens and features (``kept`` of a prefill or a plain step) per request instead of extending
-        the drafter's context: while the policy does not draft, the drafter costs nothing; the next drafting round
-        catches up."""
-        ids, feats, cu = kept
-        bounds = cu.tolist()
-        for j, rid in enumerate(rids):
-            self._deferred.setdefault(rid, []).append((ids[bounds[j]:bounds[j + 1]], feats[bounds[j]:bounds[j + 1]]))
-
-    def _flush_context(self, rids: Sequence[int]) -> None:
-        """Extend the drafter's context by every deferred chunk of ``rids`` (one call, in commit order)."""
-        ready = [rid for rid in rids if rid in self._deferred]
-        if not ready:
-            return
-        chunks = [self._deferred.pop(rid) for rid in ready]
-        lens = [sum(c[0].numel() for c in chunk) for chunk in chunks]
-        cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(self.device, torch.int32)
-        ids = torch.cat([t for chunk in chunks for t, _ in chunk])
-        feats = torch.cat([f for chunk in chunks for _, f in chunk])
-        self.drafter.extend(self.dstate, ready, ids, feats, cu)
 
     def _admit(self, now: float) -> list[int]:
         """Prefill the queued requests that fit; returns the ones that finished on their first token."""
@@ -229,7 +208,7 @@ class Engine:
             self.requests[i].t_start = now
         first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
                         [self.requests[i].prompt for i in new], self._sampling(new), self.impl,
-                        defer=lambda kept: self._defer_context(new, kept))
+                        defer=lambda kept: self._pending.add(new, kept))
         for i, tok in zip(new, first):
             self.requests[i].tokens.append(tok)
             self.requests[i].rounds = 1
@@ -250,18 +229,17 @@ class Engine:
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
         drafting = self.policy.drafts(live, self.steps)
         if drafting:
-            self._flush_context(live)
-            drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl)
+            drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl,
+                            context=self._pending.take(live, dev))
             conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
             lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
         else:  # a plain decode step: nothing drafted, nothing to verify
             drafted = DraftOutput(torch.zeros(r * gamma, dtype=torch.int64, device=dev), None, None)
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
-        rnd = verify_round(self.target, self.drafter, self.tcache, self.dstate, live, anchors, drafted, lens, gamma,
-                           samp, m.pos_accepted, m.pos_verified, self.impl, extend=drafting)
-        if not drafting:
-            self._defer_context(live, rnd.kept)
+        rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, gamma, samp,
+                           m.pos_accepted, m.pos_verified, self.impl)
+        self._pending.add(live, rnd.kept)
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1

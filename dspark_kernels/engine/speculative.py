@@ -5,8 +5,9 @@ Round structure for every live request (anchor ``x0`` = its last emitted token, 
 2. the target runs one ragged forward over ``[x0, d_1 .. d_gamma]`` of every request, returning logits at every
    position and the hidden states the drafter needs;
 3. :func:`dspark_kernels.ops.rejection_sample` accepts a prefix and emits a correction or bonus token (lossless);
-4. the target's cache drops the rejected drafts; the drafter's context grows by the features of ``x0`` and the accepted
-   drafts; the emitted token becomes the next anchor.
+4. the target's cache drops the rejected drafts; the features of ``x0`` and the accepted drafts wait for the next
+   round's draft, which takes them into the drafter's context in the same pass; the emitted token becomes the next
+   anchor.
 
 The first token of each request comes from the prefill's logits (as in plain generation), so at temperature 0 the
 output is token-for-token the target's greedy output. Per-request randomness is counter-based: round ``t`` of a request
@@ -27,7 +28,7 @@ import torch
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
 from ..models.generate import _per_request
-from ._common import Sampling, check_sampling, draft, finish_reason, prefill, verify_round
+from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, prefill, verify_round
 
 __all__ = ["SpecResult", "speculative_generate"]
 
@@ -129,13 +130,16 @@ def speculative_generate(
     live = list(range(n))
     rounds = [0] * n
     anchors: dict[int, int] = {}
-    for i, tok in zip(live, prefill(target, drafter, tcache, dstate, live, prompts, sampling(live), impl)):
+    pending = PendingContext()
+    first = prefill(target, drafter, tcache, dstate, live, prompts, sampling(live), impl,
+                    defer=lambda kept: pending.add(live, kept))
+    for i, tok in zip(live, first):
         out[i].append(tok)
         anchors[i] = tok
         rounds[i] = 1
     steps, n_rounds, draft_s, verify_s = 1, 0, 0.0, 0.0
     live = _stream(live, [0] * n, out, on_tokens, _still_live(live, out, reasons, eos_token_id, max_new_tokens,
-                                                               tcache, drafter, dstate))
+                                                               tcache, drafter, dstate, pending))
     traces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     while live:
@@ -144,12 +148,13 @@ def speculative_generate(
         samp = sampling(live)
         anchor_t = torch.tensor([anchors[i] for i in live], dtype=torch.int64, device=dev)
         td = time.perf_counter()
-        drafted = draft(drafter, dstate, live, anchor_t, gamma, samp, impl)
+        drafted = draft(drafter, dstate, live, anchor_t, gamma, samp, impl, context=pending.take(live, dev))
         _sync(dev)
         tv = time.perf_counter()
         draft_s += tv - td
         full = torch.full((r,), gamma, dtype=torch.int64, device=dev)
-        rnd = verify_round(target, drafter, tcache, dstate, live, anchor_t, drafted, full, gamma, samp, impl=impl)
+        rnd = verify_round(target, drafter, tcache, live, anchor_t, drafted, full, gamma, samp, impl=impl)
+        pending.add(live, rnd.kept)
         hist.index_add_(0, rnd.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
         if record_traces and drafted.confidence_logits is not None:
             traces.append((drafted.confidence_logits.view(r, gamma), rnd.num_accepted, torch.tensor(live)))
@@ -162,7 +167,7 @@ def speculative_generate(
         _sync(dev)
         verify_s += time.perf_counter() - tv
         live = _stream(live, before, out, on_tokens,
-                       _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate))
+                       _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate, pending))
 
     _sync(dev)
     extra = {}
@@ -183,7 +188,7 @@ def _stream(round_live, before, out, on_tokens, next_live):
     return next_live
 
 
-def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate) -> list[int]:
+def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate, pending) -> list[int]:
     """Apply the length cap and EOS (an emitted EOS ends the request, later tokens dropped); free finished ones."""
     still = []
     for i in live:
@@ -194,4 +199,5 @@ def _still_live(live, out, reasons, eos, max_new, tcache, drafter, dstate) -> li
             reasons[i] = reason
             tcache.free(i)
             drafter.free(dstate, i)
+            pending.drop(i)
     return still

@@ -294,8 +294,9 @@ def profile_drafter(
     request counts; ``Engine(..., draft_profile=...)`` adds it to every modelled round).
 
     A round is what the engine spends on the drafter per step: R requests holding ``context`` tokens each draft
-    ``gamma`` tokens (T = 1), then extend their context by ``kept`` tokens each, as a verify round commits (about tau
-    at T = 1). Each size starts from fresh contexts, built in its first warm-up call (so ``warmup`` must be >= 1).
+    ``gamma`` tokens (T = 1), taking ``kept`` committed tokens each into their context in the same call, as the
+    engine hands over what the previous verify round kept (about tau at T = 1). Each size starts from fresh
+    contexts, built in its first warm-up call (so ``warmup`` must be >= 1).
     """
     from ._common import Sampling, draft, prefill
 
@@ -324,8 +325,8 @@ def profile_drafter(
     def step(r: int) -> None:
         if now.get("r") != r:
             start(r)
-        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"])
-        drafter.extend(now["dstate"], now["rids"], now["ids"], now["feats"], now["cu"])
+        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"],
+              context=(now["ids"], now["feats"], now["cu"]))
 
     return profile_target(step, max_requests, device=device, model=model, warmup=warmup, repeats=repeats, sync=sync)
 

@@ -48,7 +48,7 @@ from ..ops import sequential_head, verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
 from .config import ModelConfig
 from .drafter import DraftLayer
-from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .drafter_api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .fused_linear import fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
@@ -226,8 +226,11 @@ class ChainDrafter(nn.Module):
 
     def draft(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
               temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
-              impl: str | None = None) -> DraftOutput:
-        """Chain ``gamma`` steps after each anchor; ``uniforms [R * gamma]`` request-major (None when all greedy)."""
+              impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
+        """Chain ``gamma`` steps after each anchor; ``uniforms [R * gamma]`` request-major (None when all greedy).
+        ``context`` is extended first (a separate pass)."""
+        if context is not None:
+            self.extend(state, rids, *context)
         out = self.chain(state, rids, anchors, gamma, temperature, top_k, top_p, uniforms, impl=impl)
         r = len(rids)
         return DraftOutput(out.tokens.reshape(r * gamma), out.draft_probs.reshape(r * gamma, -1), None)

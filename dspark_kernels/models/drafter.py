@@ -36,7 +36,7 @@ from torch import nn
 
 from ..ops import draft_block_attention, plan_draft_block_attention, sequential_head
 from .config import ModelConfig
-from .drafter_api import DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .drafter_api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .fused_linear import fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
@@ -182,9 +182,10 @@ class BlockDrafter(nn.Module):
 
     def draft(self, state: PagedKVCache, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
               temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
-              impl: str | None = None) -> DraftOutput:
-        """Backbone pass, then the sequential head op left to right over each block."""
-        prop = self.propose(state, rids, anchors, gamma, impl=impl)
+              impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
+        """Backbone pass (taking ``context`` into the cache in the same pass), then the sequential head op left to
+        right over each block."""
+        prop = self.propose(state, rids, anchors, gamma, impl=impl, context=context)
         with torch.inference_mode():
             res = sequential_head(prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu, self.head.weights(),
                                   temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
@@ -195,23 +196,31 @@ class BlockDrafter(nn.Module):
         return PagedKVCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
                             dtype=self.dtype, device=self.device)
 
+    def _new_context(self, cache: PagedKVCache, page_table: torch.Tensor, ctx_lens: torch.Tensor,
+                     features: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Cache slots ``[T]``, absolute positions ``[T]`` and ``H_ctx [T, hidden]`` of committed tokens (features
+        ``[T, m * hidden]``, requests flattened by ``cu [R + 1]``) already reserved as the last positions of each
+        request (``ctx_lens [R]`` counts them)."""
+        cu = cu.to(self.device)
+        slots = cache.slot_mapping(page_table, ctx_lens, cu)
+        q_len = (cu[1:] - cu[:-1]).long()
+        req = torch.repeat_interleave(torch.arange(q_len.numel(), device=self.device), q_len,
+                                      output_size=features.shape[0])
+        offset_in_chunk = torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
+        positions = ctx_lens.long()[req] - q_len[req] + offset_in_chunk
+        return slots, positions, self.context_features(features.to(self.device, self.dtype))
+
     @torch.inference_mode()
     def extend_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], features: torch.Tensor,
                        cu: torch.Tensor) -> None:
         """Append committed tokens' features ``[T, m * hidden]`` (requests flattened by ``cu [R + 1]``) to the cache.
 
-        Their positions continue each request's cached length.
+        Their positions continue each request's cached length. (:meth:`propose` with ``context`` does the same
+        inside its pass.)
         """
-        q_lens = (cu[1:] - cu[:-1]).tolist()
-        cache.reserve_many(list(request_ids), q_lens)
+        cache.reserve_many(list(request_ids), (cu[1:] - cu[:-1]).tolist())
         page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
-        cu = cu.to(self.device)
-        slots = cache.slot_mapping(page_table, ctx_lens, cu)
-        q_len_t = (cu[1:] - cu[:-1]).long()
-        req = torch.repeat_interleave(torch.arange(len(q_lens), device=self.device), q_len_t)
-        offset_in_chunk = torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
-        positions = ctx_lens.long()[req] - q_len_t[req] + offset_in_chunk
-        h_ctx = self.context_features(features.to(self.dtype))
+        slots, positions, h_ctx = self._new_context(cache, page_table, ctx_lens, features, cu)
         cos, sin = self._rope(positions, h_ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(h_ctx, cos, sin)
@@ -219,24 +228,39 @@ class BlockDrafter(nn.Module):
 
     @torch.inference_mode()
     def propose(self, cache: PagedKVCache, request_ids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
-                impl: str | None = None) -> Proposal:
+                impl: str | None = None, context: DraftContext | None = None) -> Proposal:
         """One parallel backbone pass: ``anchors [R]`` (each at position = its cached context length) ->
-        :class:`Proposal` with ``gamma`` slots per request."""
+        :class:`Proposal` with ``gamma`` slots per request.
+
+        ``context = (token_ids, features [T, m * hidden], cu [R + 1])``: committed tokens of each request not yet in
+        the cache (before its anchor). They enter it in this pass, as :meth:`extend_context` would put them: each
+        layer projects the block rows and the context rows in one GEMM and writes the context's K/V before the
+        block attends."""
         if not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
         n_req = len(request_ids)
+        fresh = context is not None and context[1].shape[0] > 0
+        if fresh:
+            cache.reserve_many(list(request_ids), (context[2][1:] - context[2][:-1]).tolist())
         page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
         ids = self.block_inputs(anchors.to(self.device).long(), gamma).reshape(-1)
         positions = (ctx_lens.long()[:, None] + torch.arange(gamma, device=self.device)[None, :]).reshape(-1)
         cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
         x = self.embed(ids).to(self.dtype)
+        n_block = x.shape[0]
+        if fresh:
+            slots, ctx_positions, h_ctx = self._new_context(cache, page_table, ctx_lens, context[1], context[2])
+            positions = torch.cat([positions, ctx_positions])
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_draft_block_attention(page_table, cu, ctx_lens, cache.page_size,
                                           self.layer_config.num_attention_heads, impl=impl)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             hx = layer.input_layernorm(x)
-            q, k, v = attn.queries_keys_values(hx, cos, sin)
+            q, k, v = attn.queries_keys_values(torch.cat([hx, h_ctx]) if fresh else hx, cos, sin)
+            if fresh:
+                cache.write(i, slots, k[n_block:], v[n_block:])
+                q, k, v = q[:n_block], k[:n_block], v[:n_block]
             o = draft_block_attention(q, k, v, cache.k[i], cache.v[i], page_table, cu, ctx_lens, impl=impl,
                                       check_inputs=False, max_seqlen_q=gamma, plan=plan)
             x = layer.finish(x, o.reshape(x.shape[0], -1))

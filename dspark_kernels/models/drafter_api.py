@@ -10,8 +10,13 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DraftOutput", "Drafter", "NullDrafter", "load_drafter", "read_drafter_config", "load_drafter_weights",
-           "save_drafter"]
+__all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "load_drafter", "read_drafter_config",
+           "load_drafter_weights", "save_drafter"]
+
+
+DraftContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""Committed tokens waiting for a drafter: ``(token_ids [T] int64, features [T, m * hidden], cu [R + 1] int32)``, the
+target's features of ``feature_layers`` for each token, requests flattened by ``cu`` (a request may have none)."""
 
 
 @dataclass
@@ -31,7 +36,10 @@ class Drafter(Protocol):
     ``state`` is the drafter's per-batch cache (created by ``new_state``); ``extend`` appends committed tokens (ids and
     the target's features ``[T, m * hidden]`` of ``feature_layers``, requests flattened by ``cu [R + 1]``);
     ``draft`` proposes ``gamma`` tokens after each request's anchor (the last emitted token, not yet in the context)
-    with per-request sampling parameters ``[R]`` and one uniform per drafted token (None when all greedy).
+    with per-request sampling parameters ``[R]`` and one uniform per drafted token (None when all greedy). Its
+    ``context`` (a :data:`DraftContext` aligned with ``rids``) holds committed tokens not yet given to ``extend``:
+    drafting with it is the same as ``extend(state, rids, *context)`` first, and a drafter may do both in one pass
+    (the block drafter does; the decode loops hand every round's kept tokens over this way).
     """
 
     feature_layers: tuple[int, ...]
@@ -47,7 +55,7 @@ class Drafter(Protocol):
 
     def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
-              impl: str | None = None) -> DraftOutput: ...
+              impl: str | None = None, context: DraftContext | None = None) -> DraftOutput: ...
 
 
 class NullDrafter:
@@ -73,7 +81,7 @@ class NullDrafter:
 
     def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
-              impl: str | None = None) -> DraftOutput:
+              impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
         return DraftOutput(torch.zeros(len(rids) * gamma, dtype=torch.int64, device=anchors.device), None, None)
 
 
