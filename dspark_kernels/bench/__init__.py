@@ -1,4 +1,4 @@
-"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance,serving,peers}``."""
+"""Benchmarks with JSON output: ``python -m dspark_kernels.bench {acceptance,serving,peers,ceiling}``."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 import argparse
 
-from . import acceptance, peers, serving
+from . import acceptance, ceiling, peers, serving
 
 
 def main() -> None:
@@ -11,8 +11,10 @@ def main() -> None:
     acceptance.add_arguments(sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0]))
     serving.add_arguments(sub.add_parser("serving", help=serving.__doc__.split("\n")[0]))
     peers.add_arguments(sub.add_parser("peers", help=peers.__doc__.split("\n")[0]))
+    ceiling.add_arguments(sub.add_parser("ceiling", help=ceiling.__doc__.split("\n")[0]))
     args = parser.parse_args()
-    {"acceptance": acceptance.main, "serving": serving.main, "peers": peers.main}[args.name](args)
+    mains = {"acceptance": acceptance.main, "serving": serving.main, "peers": peers.main, "ceiling": ceiling.main}
+    mains[args.name](args)
 
 
 if __name__ == "__main__":
