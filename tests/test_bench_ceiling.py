@@ -6,8 +6,12 @@ import itertools
 import pytest
 import torch
 
-from dspark_kernels.bench.ceiling import (best_unconditioned_acceptance, expected_acceptance, ideal_prefix_acceptance,
-                                          path_distributions)
+from dspark_kernels.bench.ceiling import (
+    best_unconditioned_acceptance,
+    expected_acceptance,
+    ideal_prefix_acceptance,
+    path_distributions,
+)
 from dspark_kernels.models import load_model
 from tests.tiny_models import save_tiny_qwen3
 
@@ -85,3 +89,23 @@ def test_ideal_prefix_acceptance_matches_enumeration():
     dists = torch.stack([p1.expand(n, v), p2[x1]])
     got = ideal_prefix_acceptance(dists, torch.stack([x1, x2], dim=1), q)
     assert float(got[0]) == pytest.approx(exact1, abs=0.01) and float(got[1]) == pytest.approx(exact2, abs=0.01)
+
+
+def test_tables_from_synthetic_results():
+    from dspark_kernels.bench.ceiling import summary_table
+
+    anchors = [{"ceiling": [1.0, 0.9, 0.8], "ideal_survival": [1.0, 0.9, 0.72], "entropy": [0.5, 1.0, 0.2]},
+               {"ceiling": [1.0, 0.5, 0.4], "ideal_survival": [1.0, 0.5, 0.2], "entropy": [4.0, 5.0, 6.0]}]
+    data = {"settings": {"gamma": 3}, "results": [{
+        "ceiling_by_position": [1.0, 0.7, 0.6], "ideal_survival_by_position": [1.0, 0.7, 0.46],
+        "ideal_parallel_tau": 4.16, "anchors": anchors}]}
+    acceptance = {"results": [{"drafter": "eagle", "temperature": 1.0, "gamma": 3, "tau": 2.5,
+                               "acceptance_by_position": [0.5, 0.6, 0.7]},
+                              {"drafter": "eagle", "temperature": 0.0, "gamma": 3, "tau": 9.0,
+                               "acceptance_by_position": [0.9, 0.9, 0.9]}]}
+    table = summary_table(data, acceptance)
+    assert "| parallel ceiling (every anchor) | 1.00 | 0.70 | 0.60 |  |" in table
+    assert "| ideal parallel drafter (conditional) | 1.00 | 0.70 | 0.66 | 4.16 |" in table
+    assert "| eagle (measured) | 0.50 | 0.60 | 0.70 | 2.50 |" in table
+    assert "| 0 - 1.5 | 1 (50%) | 0.90 | 0.80 | 3.62 |" in table
+    assert "| 3 - inf | 1 (50%) | 0.50 | 0.40 | 2.70 |" in table

@@ -155,7 +155,30 @@ def summary_table(data: dict, acceptance: dict | None) -> str:
         for name, rows in measured.items():
             acc = torch.tensor([r["acceptance_by_position"] for r in rows]).nanmean(0)
             lines.append(row(f"{name} (measured)", acc, f"{sum(r['tau'] for r in rows) / len(rows):.2f}"))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + entropy_table(data)
+
+
+ENTROPY_BUCKETS = ((0.0, 1.5), (1.5, 3.0), (3.0, float("inf")))
+
+
+def entropy_table(data: dict) -> str:
+    """Markdown: anchors grouped by the target's mean entropy (nats) over positions 1..gamma-1 of their paths; per
+    group the share of anchors, the mean ceiling at positions 2.. and the ideal parallel drafter's tau."""
+    anchors = [a for r in data["results"] for a in r["anchors"]]
+    gamma = data["settings"]["gamma"]
+    lines = ["| mean entropy (nats) | anchors | " + " | ".join(f"ceiling pos {k + 1}" for k in range(1, gamma))
+             + " | ideal parallel tau |", "| --- | --- | " + " | ".join("---" for _ in range(1, gamma)) + " | --- |"]
+    for lo, hi in ENTROPY_BUCKETS:
+        group = [a for a in anchors if lo <= sum(a["entropy"][:-1]) / max(1, gamma - 1) < hi]
+        if not group:
+            continue
+        ceiling = torch.tensor([a["ceiling"][1:] for a in group]).mean(0).tolist()
+        tau = sum(1 + sum(a["ideal_survival"]) for a in group) / len(group)
+        lines.append(f"| {lo:g} - {hi:g} | {len(group)} ({100 * len(group) / len(anchors):.0f}%) | "
+                     + " | ".join(f"{c:.2f}" for c in ceiling) + f" | {tau:.2f} |")
+    mean_h = sum(sum(a["entropy"]) / len(a["entropy"]) for a in anchors) / len(anchors)
+    note = f"Mean entropy of the target's next-token distributions on these paths: {mean_h:.2f} nats."
+    return "\n".join(lines) + "\n\n" + note + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
