@@ -18,7 +18,9 @@ The sequential head (:class:`~dspark_kernels.models.sequential_head.SequentialHe
 previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash.
 
 Inference keeps a per-request paged cache of projected context K/V (:class:`PagedKVCache` with one entry per draft
-layer) that grows with accepted tokens (:meth:`BlockDrafter.extend_context`); the block's own K/V never enter it.
+layer) that grows with accepted tokens; the block's own K/V never enter it. The decode loops hand each round's kept
+tokens to the next round's draft (``context``), whose backbone pass writes them in the same GEMMs as the block
+(:meth:`BlockDrafter.propose`); :meth:`BlockDrafter.extend_context` does it on its own.
 Training (:meth:`BlockDrafter.forward_train`) packs many anchors of one sequence into one pass with the mask
 "context strictly before the anchor + the anchor's own block".
 """
