@@ -107,6 +107,48 @@ def test_cached_chain_matches_full_recompute_and_rolls_back(target):
     assert res.tokens.view(2, gamma)[:, 0].tolist() == out.logits[:, 0].argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("before", [None, [(0, 5), (0, 3)]])
+def test_context_in_the_first_step_equals_extend_first(target, before):
+    """``chain(context=...)`` commits the context's pairs inside its first step: the same committed pairs, K/V and
+    drafts as ``extend`` then ``chain``, ragged, with a request that has no new tokens (and, with ``before=None``,
+    with nothing extended before)."""
+    drafter = make_drafter(target)
+    seqs = [[random.randrange(4, VOCAB) for _ in range(18)], [random.randrange(4, VOCAB) for _ in range(13)]]
+    feats, tokens = [], []
+    for seq in seqs:
+        f, _, t = target_outputs(target, [seq], drafter.feature_layers)
+        feats.append(f[0])
+        tokens.append(t[0])
+
+    def chunk(chunks):
+        cu = torch.tensor([0, *[b - a for a, b in chunks]]).cumsum(0).to(torch.int32)
+        return (torch.cat([tokens[i][a:b] for i, (a, b) in enumerate(chunks)]),
+                torch.cat([feats[i][a:b] for i, (a, b) in enumerate(chunks)]), cu)
+
+    new = [(5, 11), (3, 4)] if before else [(0, 11), (0, 4)]
+    forced = torch.tensor([seqs[0][12:15], seqs[1][5:8]])
+    anchors = torch.tensor([seqs[0][11], seqs[1][4]])
+    states, outs = [], []
+    for fused in (False, True):
+        state = drafter.new_state(16, 4)
+        for i in range(2):
+            drafter.add_request(state, i)
+        if before:
+            drafter.extend(state, [0, 1], *chunk(before))
+            drafter.extend(state, [0, 1], *chunk([(5, 5), (3, 3)]))  # nothing new: a no-op
+        if not fused:
+            drafter.extend(state, [0, 1], *chunk(new))
+        outs.append(drafter.chain(state, [0, 1], anchors, 3, torch.zeros(2), forced_tokens=forced,
+                                  context=chunk(new) if fused else None))
+        states.append(state)
+    assert [states[1].num_pairs(i) for i in (0, 1)] == [states[0].num_pairs(i) for i in (0, 1)] == [10, 3]
+    for i in (0, 1):
+        torch.testing.assert_close(states[1].pending[i], states[0].pending[i])
+    torch.testing.assert_close(states[1].cache.k[0], states[0].cache.k[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(outs[1].hidden, outs[0].hidden, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("name,gamma", [("eagle", 1), ("eagle", 3), ("eagle", 5), ("mtp1", 1), ("random", 3)])
 def test_greedy_speculative_equals_target_greedy(target, trained, name, gamma):
     drafter = trained[name] if name in trained else make_drafter(target)

@@ -15,7 +15,8 @@ Inference state (:class:`ChainState`): a paged KV cache with one entry per *comm
 
 * ``extend`` (committed tokens ``x_P .. x_{P+n-1}`` with features ``f_P .. f_{P+n-1}``) writes the pairs
   ``(pending, x_P), (f_P, x_{P+1}) .. (f_{P+n-2}, x_{P+n-1})`` and makes ``f_{P+n-1}`` the new pending feature. With
-  one layer a pair's K/V depend only on its own input, so extending needs no attention.
+  one layer a pair's K/V depend only on its own input, so extending needs no attention. ``draft(context=...)`` does
+  the same inside its first step, in the same GEMMs as the anchors' pairs.
 * ``draft`` (anchor ``x_A`` = the last emitted token, not yet extended): step 1 runs the pair ``(pending, x_A)`` at
   position ``A - 1``; step ``k > 1`` runs ``(g_prev, d_{k-1})`` at the next position (EAGLE-1: the drafter's own output
   hidden replaces the target feature it does not have). Each step is sampled by
@@ -181,12 +182,14 @@ class ChainDrafter(nn.Module):
     def free(self, state: ChainState, rid: Hashable) -> None:
         state.free(rid)
 
-    @torch.inference_mode()
-    def extend(self, state: ChainState, rids: Sequence[Hashable], token_ids: torch.Tensor, features: torch.Tensor,
-               cu: torch.Tensor) -> None:
-        """Commit tokens ``[T]`` with their target features ``[T, hidden]`` (requests flattened by ``cu [R + 1]``)."""
+    def _context_pairs(self, state: ChainState, rids: list, token_ids: torch.Tensor, features: torch.Tensor,
+                       cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Reserve the cache for the pairs that committed tokens ``[T]`` with features ``[T, hidden]`` (requests
+        flattened by ``cu [R + 1]``) complete and make each request's last feature its pending one.
+
+        Returns the pairs' features and next tokens (the inputs of :meth:`pair_inputs`), cache slots and positions
+        (``[P, hidden]``, ``[P]``, ``[P]``, ``[P]``), or None when there is no pair; the caller writes their K/V."""
         dev = self.device
-        rids = list(rids)
         cu_l = cu.tolist()
         n_tok = [cu_l[i + 1] - cu_l[i] for i in range(len(rids))]
         has = [int(rid in state.pending) for rid in rids]
@@ -194,6 +197,7 @@ class ChainDrafter(nn.Module):
         total = sum(n_pairs)
         features = features.to(dev)
         token_ids = token_ids.to(dev)
+        pairs = None
         if total > 0:
             r = len(rids)
             cu_t = torch.tensor(cu_l[:-1], dtype=torch.long, device=dev)
@@ -209,29 +213,35 @@ class ChainDrafter(nn.Module):
             for i, rid in enumerate(rids):
                 if has[i] and n_pairs[i]:
                     pend[i] = state.pending[rid]
-            feats = torch.cat([features, pend])[fidx]
-            x = self.pair_inputs(feats, token_ids[tidx].long())
             cache = state.cache
             cache.reserve_many(rids, n_pairs)
             page_table, lens = cache.batch_tensors(rids, dev)
             cu_pairs = torch.cat([cu_p, np_t.sum()[None]]).to(torch.int32)
-            slots = cache.slot_mapping(page_table, lens, cu_pairs)
-            positions = lens.long()[req] - np_t[req] + j
-            cos, sin = self._rope(positions)
-            k, v = self.layer.self_attn.keys_values(self.layer.input_layernorm(x), cos, sin)
-            cache.write(0, slots, k, v)
+            pairs = (torch.cat([features, pend])[fidx], token_ids[tidx].long(),
+                     cache.slot_mapping(page_table, lens, cu_pairs), lens.long()[req] - np_t[req] + j)
         for i, rid in enumerate(rids):
             if n_tok[i] > 0:
                 state.pending[rid] = features[cu_l[i + 1] - 1].clone()
+        return pairs
+
+    @torch.inference_mode()
+    def extend(self, state: ChainState, rids: Sequence[Hashable], token_ids: torch.Tensor, features: torch.Tensor,
+               cu: torch.Tensor) -> None:
+        """Commit tokens ``[T]`` with their target features ``[T, hidden]`` (requests flattened by ``cu [R + 1]``)."""
+        pairs = self._context_pairs(state, list(rids), token_ids, features, cu)
+        if pairs is not None:
+            feats, tokens, slots, positions = pairs
+            cos, sin = self._rope(positions)
+            k, v = self.layer.self_attn.keys_values(self.layer.input_layernorm(self.pair_inputs(feats, tokens)), cos,
+                                                    sin)
+            state.cache.write(0, slots, k, v)
 
     def draft(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
               temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
         """Chain ``gamma`` steps after each anchor; ``uniforms [R * gamma]`` request-major (None when all greedy).
-        ``context`` is extended first (a separate pass)."""
-        if context is not None:
-            self.extend(state, rids, *context)
-        out = self.chain(state, rids, anchors, gamma, temperature, top_k, top_p, uniforms, impl=impl)
+        ``context``'s pairs go through the first step's GEMMs with the anchors' (see :meth:`chain`)."""
+        out = self.chain(state, rids, anchors, gamma, temperature, top_k, top_p, uniforms, impl=impl, context=context)
         r = len(rids)
         return DraftOutput(out.tokens.reshape(r * gamma), out.draft_probs.reshape(r * gamma, -1), None)
 
@@ -239,12 +249,18 @@ class ChainDrafter(nn.Module):
     def chain(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
               temperature: torch.Tensor, top_k: torch.Tensor | None = None, top_p: torch.Tensor | None = None,
               uniforms: torch.Tensor | None = None, impl: str | None = None,
-              forced_tokens: torch.Tensor | None = None) -> ChainDraft:
+              forced_tokens: torch.Tensor | None = None, context: DraftContext | None = None) -> ChainDraft:
         """The drafting loop behind :meth:`draft`; ``forced_tokens [R, gamma]`` (testing) feeds the given tokens to
-        the next step instead of the sampled ones. The cache is restored to the committed pairs before returning."""
+        the next step instead of the sampled ones. The cache is restored to the committed pairs before returning.
+
+        ``context = (token_ids, features, cu)``: committed tokens not yet extended. Their pairs are committed as
+        :meth:`extend` commits them, but inside the first step: its fc, norm and projection GEMMs run over the
+        context pairs and the anchors' pairs together, and the context's K/V are written before the anchors attend.
+        """
         if not isinstance(gamma, int) or not 1 <= gamma <= MAX_STEPS:
             raise ValueError(f"gamma must be an int in 1..{MAX_STEPS}, got {gamma!r}")
         rids = list(rids)
+        pairs = None if context is None else self._context_pairs(state, rids, *context)
         missing = [rid for rid in rids if rid not in state.pending]
         if missing:
             raise ValueError(f"draft: requests {missing[:5]} have no extended tokens yet (call extend first)")
@@ -265,11 +281,20 @@ class ChainDrafter(nn.Module):
                 cache.reserve_many(rids, [1] * r)
                 written += 1
                 page_table, lens = cache.batch_tensors(rids, dev)
-                x = self.pair_inputs(feats, prev_tok)
-                cos, sin = self._rope(lens.long() - 1)
+                positions = lens.long() - 1
+                fused = k == 0 and pairs is not None
+                if fused:  # the anchors' rows first, then the context pairs' rows
+                    x_all = self.pair_inputs(torch.cat([feats.to(self.dtype), pairs[0].to(self.dtype)]),
+                                             torch.cat([prev_tok, pairs[1]]))
+                    x, positions = x_all[:r], torch.cat([positions, pairs[3]])
+                else:
+                    x_all = x = self.pair_inputs(feats, prev_tok)
+                cos, sin = self._rope(positions)
                 attn = self.layer.self_attn
-                hx = self.layer.input_layernorm(x)
-                q, kk, vv = attn.queries_keys_values(hx, cos, sin)
+                q, kk, vv = attn.queries_keys_values(self.layer.input_layernorm(x_all), cos, sin)
+                if fused:
+                    cache.write(0, pairs[2], kk[r:], vv[r:])
+                    q, kk, vv = q[:r], kk[:r], vv[:r]
                 cache.write(0, cache.slot_mapping(page_table, lens, cu1), kk, vv)
                 o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
                                      max_seqlen_q=1)
