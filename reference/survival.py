@@ -1,6 +1,7 @@
 """Reference for prefix survival and the verify-length selection (DSpark §3.2, Algorithm 1; production top-K).
 
-Vectorised torch, no Python loop over requests and no host sync. The semantics are documented in
+Vectorised torch, no Python loop over requests and no host sync (Algorithm 1 also has a host scan, which the CPU path
+takes for a few slots: :func:`alg1_host`). The semantics are documented in
 :mod:`dspark_kernels.ops.survival`. The candidate ordering (:func:`candidate_order`) and the Theta path
 (:func:`theta_path`) are shared with the Triton launcher, so both implementations scan the same sequence.
 """
@@ -82,16 +83,55 @@ def lengths_from_count(
     return lens.to(torch.int32)
 
 
+HOST_SLOTS = 256  # on the CPU, Algorithm 1 over at most this many slots runs as a Python scan (see below)
+
+
 def select_verify_lengths_alg1_ref(
     survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor
 ) -> torch.Tensor:
-    """Algorithm 1: admit along the sorted order while Theta strictly improves; stop at the first non-improvement."""
+    """Algorithm 1: admit along the sorted order while Theta strictly improves; stop at the first non-improvement.
+
+    CPU tensors with at most ``HOST_SLOTS`` slots take :func:`alg1_host` (the same result; a serving round's few dozen
+    slots cost less as a Python scan than as the ~40 small tensor ops of :func:`alg1_vectorised`)."""
+    if survival.device.type == "cpu" and survival.numel() <= HOST_SLOTS:
+        return alg1_host(survival, cu_num_draft_tokens, sps_table)
+    return alg1_vectorised(survival, cu_num_draft_tokens, sps_table)
+
+
+def alg1_vectorised(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1 as tensor ops (no host sync): :func:`candidate_order`, :func:`theta_path`, leading improvements."""
     r = cu_num_draft_tokens.numel() - 1
     a_sorted, req_sorted, pos_sorted = candidate_order(survival, cu_num_draft_tokens)
     theta = theta_path(a_sorted, r, sps_table)
     improves = theta[1:] > theta[:-1]
     count = improves.to(torch.int64).cumprod(0).sum()  # length of the leading run of improvements
     return lengths_from_count(count, a_sorted, req_sorted, pos_sorted, r)
+
+
+def alg1_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
+    """Algorithm 1 as a Python scan over host values, bit for bit :func:`alg1_vectorised` (CPU tensors only).
+
+    Same order (survival high first, then lower j, then lower r; float32 values compare as their bit patterns do),
+    same float64 Theta (``R + running sum``, summed in the sorted order as ``cumsum`` does), same strict-improvement
+    early stop; ``[R]`` int32 on the CPU."""
+    a = (survival.float() + 0.0).tolist()
+    cu = cu_num_draft_tokens.tolist()
+    r = len(cu) - 1
+    bmax = sps_table.numel() - 1
+    table = sps_table[: min(bmax, r + len(a)) + 1].double().tolist()
+    order = sorted((-a[i], i - cu[q], q) for q in range(r) for i in range(cu[q], cu[q + 1]))
+    lens = [0] * r
+    best = r * table[r] if r <= bmax else float("-inf")
+    total = 0.0
+    for k, (neg_a, pos, q) in enumerate(order, 1):
+        total += -neg_a
+        batch = r + k
+        theta = (r + total) * table[batch] if neg_a < 0 and batch <= bmax else float("-inf")
+        if not theta > best:
+            break
+        best = theta
+        lens[q] = max(lens[q], pos + 1)
+    return torch.tensor(lens, dtype=torch.int32)
 
 
 def select_verify_lengths_topk_ref(

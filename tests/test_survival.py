@@ -15,7 +15,7 @@ from dspark_kernels.ops import (
     select_verify_lengths_alg1,
     select_verify_lengths_topk,
 )
-from dspark_kernels.reference.survival import candidate_order, theta_path
+from dspark_kernels.reference.survival import alg1_host, alg1_vectorised, candidate_order, theta_path
 
 IMPLS = ["torch", "triton"]
 
@@ -407,3 +407,32 @@ def test_bad_inputs():
         select_verify_lengths_topk(a, cu, torch.tensor([-2]))
     with pytest.raises(TypeError, match="budget"):
         select_verify_lengths_topk(a, cu, 1.5)
+
+
+def test_alg1_host_scan_equals_the_tensor_path():
+    """The CPU's host scan of Algorithm 1 gives the vectorised path's lengths bit for bit: ties in survival (the
+    (j, r) tie-break), zero survivals, empty requests, equal Theta steps (strict improvement), tables shorter than
+    R + N, and non-monotone tables."""
+    gen = torch.Generator().manual_seed(11)
+    levels = torch.tensor([0.0, 0.125, 0.25, 0.5, 0.75, 1.0])
+    for trial in range(600):
+        r = int(torch.randint(1, 9, (1,), generator=gen))
+        lens = torch.randint(0, 9, (r,), generator=gen).tolist()
+        rows = []
+        for n in lens:
+            if trial % 2:  # few distinct values: many ties
+                c = levels[torch.randint(0, len(levels), (n,), generator=gen)]
+            else:
+                c = torch.rand(n, generator=gen) ** 0.3
+            rows.append(c.cumprod(0).tolist())
+        a, cu = survival_of(rows)
+        bmax = int(torch.randint(1, r + a.numel() + 3, (1,), generator=gen))
+        if trial % 3 == 0:
+            sps = torch.rand(bmax + 1, generator=gen) + 0.5  # jagged
+        elif trial % 3 == 1:
+            sps = torch.ones(bmax + 1)  # flat: Theta steps tie exactly when a = 0
+        else:
+            sps = decreasing_sps(bmax, gen).float()
+        want = alg1_vectorised(a, cu, sps)
+        got = alg1_host(a, cu, sps)
+        assert got.dtype == torch.int32 and torch.equal(got, want), (rows, sps.tolist())
