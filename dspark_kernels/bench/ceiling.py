@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import CausalLM, generate, load_model
+from ..models import CausalLM, forward_sequences, generate, load_model
 from ..train.tokenizer import load_tokenizer
 from . import ASSETS, device_record
 from .acceptance import DOMAIN_SPLITS, benchmark_prompts
@@ -76,13 +76,9 @@ def path_distributions(target: CausalLM, context: list[int], num_paths: int, gam
     ``dists[k - 1, s]`` is the target's distribution of position k given the context and path s's tokens before k."""
     paths = generate(target, [context] * num_paths, gamma, temperature=1.0, seeds=range(seed, seed + num_paths)).tokens
     c, n = len(context), len(context) + gamma - 1  # logits rows c-1 .. c+gamma-2 predict positions 1..gamma
-    cache = target.new_cache(num_paths * -(-n // 16), 16)
-    for i in range(num_paths):
-        cache.add_request(i)
-    ids = torch.tensor([t for p in paths for t in (context + p)[:n]], dtype=torch.int64, device=target.device)
-    cu = torch.arange(0, (num_paths + 1) * n, n, dtype=torch.int32, device=target.device)
-    rows = (cu[:-1, None].long() + (c - 1) + torch.arange(gamma, device=target.device)).reshape(-1)
-    logits = target(ids, cu, list(range(num_paths)), cache, logits_indices=rows).logits.float()
+    rows = (torch.arange(num_paths, device=target.device)[:, None] * n + (c - 1)
+            + torch.arange(gamma, device=target.device)).reshape(-1)
+    logits = forward_sequences(target, [(context + p)[:n] for p in paths], logits_indices=rows)[0].logits.float()
     dists = torch.softmax(logits, dim=-1).view(num_paths, gamma, -1).transpose(0, 1)
     return dists, torch.tensor(paths, dtype=torch.int64, device=target.device)
 

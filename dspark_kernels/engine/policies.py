@@ -23,10 +23,10 @@ which then drafts to measure it. While the gate is closed it still probes (draft
 refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
 ``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would
 have to grow by a third, which one more probe will not show); the first measurement (the prior, or the first round)
-counts as a probe. Plain steps defer the drafter's context (the engine extends it when drafting resumes), so a closed
-gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays open; where
-drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below plain
-decoding.
+counts as a probe. The engine keeps the committed tokens for the drafter's context until the next drafting round
+takes them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step
+and the gate stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps
+speculation from falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production

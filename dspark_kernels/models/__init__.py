@@ -2,7 +2,7 @@
 
 from .checkpoint import CheckpointError, expected_shapes, load_config, load_state_dict
 from .config import ModelConfig
-from .generate import GenerateResult, generate
+from .generate import GenerateResult, forward_sequences, generate
 from .kv_cache import OutOfPagesError, PagedKVCache
 from .transformer import CausalLM, ForwardOutput, load_model
 
@@ -15,6 +15,7 @@ __all__ = [
     "OutOfPagesError",
     "PagedKVCache",
     "expected_shapes",
+    "forward_sequences",
     "generate",
     "load_config",
     "load_model",

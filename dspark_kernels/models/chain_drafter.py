@@ -284,8 +284,7 @@ class ChainDrafter(nn.Module):
                 positions = lens.long() - 1
                 fused = k == 0 and pairs is not None
                 if fused:  # the anchors' rows first, then the context pairs' rows
-                    x_all = self.pair_inputs(torch.cat([feats.to(self.dtype), pairs[0].to(self.dtype)]),
-                                             torch.cat([prev_tok, pairs[1]]))
+                    x_all = self.pair_inputs(torch.cat([feats, pairs[0]]), torch.cat([prev_tok, pairs[1]]))
                     x, positions = x_all[:r], torch.cat([positions, pairs[3]])
                 else:
                     x_all = x = self.pair_inputs(feats, prev_tok)

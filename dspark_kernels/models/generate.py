@@ -1,4 +1,5 @@
-"""Plain batched autoregressive generation with the target model (the non-speculative baseline).
+"""Plain batched autoregressive generation with the target model (the non-speculative baseline), and
+:func:`forward_sequences`, one forward over whole sequences (scoring, drafter features).
 
 One ragged prefill forward for all prompts, then decode steps that feed one token per live request. Greedy at
 temperature 0; otherwise each request samples with its own temperature / top-k / top-p through the project's sampler
@@ -15,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from ..ops.rejection_sample import rejection_noise, rejection_sample
-from .transformer import CausalLM
+from .transformer import CausalLM, ForwardOutput
 
-__all__ = ["GenerateResult", "generate"]
+__all__ = ["GenerateResult", "forward_sequences", "generate"]
 
 
 @dataclass
@@ -34,6 +35,24 @@ class GenerateResult:
     @property
     def num_generated(self) -> int:
         return sum(len(t) for t in self.tokens)
+
+
+@torch.no_grad()
+def forward_sequences(model: CausalLM, seqs: Sequence[Sequence[int]], **forward_kwargs) -> tuple[ForwardOutput,
+                                                                                                  torch.Tensor]:
+    """One ragged forward of whole token sequences as requests ``0..n-1`` of a fresh paged cache (page size 16).
+
+    Returns the forward's output and ``cu [n + 1]`` int32, the sequences' offsets in the flattened rows, both on the
+    model's device; ``forward_kwargs`` go to the forward (``logits_indices``, ``hidden_layers``, ``check_inputs``).
+    """
+    lens = [len(s) for s in seqs]
+    cache = model.new_cache(sum(-(-n // 16) for n in lens), 16)
+    for i in range(len(seqs)):
+        cache.add_request(i)
+    dev = model.device
+    cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
+    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64, device=dev)
+    return model(ids, cu, list(range(len(seqs))), cache, **forward_kwargs), cu
 
 
 def _per_request(name: str, value, n: int, cast) -> list:

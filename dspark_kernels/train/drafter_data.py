@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models import CausalLM
+from ..models import CausalLM, forward_sequences
 from ..train.rollouts import Rollouts
 
 
@@ -39,23 +39,17 @@ class DrafterBatch:
 def target_outputs(target: CausalLM, seqs: list[list[int]], feature_layers: tuple[int, ...]):
     """Run the target over whole sequences: (features [B, L, m * h], logits [B, L, V], tokens [B, L]), padded."""
     n = len(seqs)
-    lens = [len(s) for s in seqs]
-    seq_len = max(lens)
-    cache = target.new_cache(sum(-(-x // 16) for x in lens), 16)
-    for i in range(n):
-        cache.add_request(i)
-    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
-    ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
-    out = target(ids, cu, list(range(n)), cache, hidden_layers=feature_layers, check_inputs=False)
+    seq_len = max(len(s) for s in seqs)
+    out, cu = forward_sequences(target, seqs, hidden_layers=feature_layers, check_inputs=False)
     flat_feat = torch.cat([out.hidden_states[layer] for layer in feature_layers], dim=-1)
     features = flat_feat.new_zeros(n, seq_len, flat_feat.shape[-1])
     logits = out.logits.new_zeros(n, seq_len, out.logits.shape[-1])
     tokens = torch.zeros(n, seq_len, dtype=torch.int64)
-    for i in range(n):
+    for i, seq in enumerate(seqs):
         a, b = int(cu[i]), int(cu[i + 1])
         features[i, : b - a] = flat_feat[a:b]
         logits[i, : b - a] = out.logits[a:b]
-        tokens[i, : b - a] = ids[a:b]
+        tokens[i, : b - a] = torch.tensor(seq)
     return features.clone(), logits.clone(), tokens  # clone: leave inference mode so autograd may use them
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..models import CausalLM, generate, load_model
+from ..models import CausalLM, forward_sequences, generate, load_model
 from .corpus import read_split
 from .target import blocks, token_stream
 from .tokenizer import BOS_ID, EOS_ID, load_tokenizer
@@ -38,11 +38,7 @@ def domain_nll(model: CausalLM, tokenizer, corpus_dir: Path, domain: str) -> tup
     data = blocks(token_stream(tokenizer, read_split(corpus_dir, domain, EVAL_SPLITS[domain])), EVAL_SEQ_LEN)
     data = data[:EVAL_BLOCKS]
     n = data.shape[0]
-    cache = model.new_cache(n * EVAL_SEQ_LEN // 16, 16)
-    for i in range(n):
-        cache.add_request(i)
-    cu = torch.arange(0, (n + 1) * EVAL_SEQ_LEN, EVAL_SEQ_LEN, dtype=torch.int32)
-    logits = model(data.reshape(-1), cu, list(range(n)), cache).logits.view(n, EVAL_SEQ_LEN, -1)
+    logits = forward_sequences(model, data.tolist())[0].logits.view(n, EVAL_SEQ_LEN, -1)
     nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), data[:, 1:].reshape(-1), reduction="sum")
     count = n * (EVAL_SEQ_LEN - 1)
     return float(nll) / count, count
