@@ -41,10 +41,12 @@ class SequentialHeadWeights(NamedTuple):
 
 class SequentialHeadResult(NamedTuple):
     """``tokens [N]`` int64 drafts; ``draft_probs [N, V]`` float32 filtered draft distributions (one-hot for greedy
-    requests); ``confidence_logits [N]`` float32 (``c_k = sigmoid(logit)``)."""
+    requests), or ``None`` when the op ran without uniforms (every request greedy: verification compares tokens and
+    needs no distributions, so no ``[N, V]`` buffer is written); ``confidence_logits [N]`` float32
+    (``c_k = sigmoid(logit)``)."""
 
     tokens: torch.Tensor
-    draft_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
     confidence_logits: torch.Tensor
 
 
@@ -115,8 +117,8 @@ def sequential_head_ref(
     """Draft every request's slots left to right; shapes as in :func:`dspark_kernels.ops.sequential_head`.
 
     Inputs are assumed valid. At slot k only the requests with more than k slots take part. The confidence logits
-    (which depend on the previous token, not on the state) and, when every request is greedy (no uniforms), the
-    one-hot draft rows are computed for all slots at once after the loop.
+    (which depend on the previous token, not on the state) are computed for all slots at once after the loop.
+    Without uniforms every slot takes the lowest-index argmax and ``draft_probs`` is ``None``.
     """
     n, v = base_logits.shape
     dev = base_logits.device
@@ -154,8 +156,6 @@ def sequential_head_ref(
             prev = token
         else:
             prev[req] = token
-    if probs is None:
-        probs = torch.nn.functional.one_hot(tokens, v).float()
     return SequentialHeadResult(tokens, probs, _confidence(weights, hidden.float(), _previous_embedding(
         weights, tokens, anchor_tokens, starts, lens)))
 

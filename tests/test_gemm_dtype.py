@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import gemm_dtype as gemm_dtype_mod
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.models.gemm_dtype import CastGemmLinear, cast_gemm_weights, parse_gemm_dtype
@@ -99,3 +100,52 @@ def test_sampled_speculative_with_bf16_gemms_is_lossless(bf16_pair):
     spec = speculative_generate(bf16, drafter, [prompt] * n, steps, 3, temperature=1.0, seeds=list(range(n)))
     assert 0 < sum(spec.accept_hist[1:]) and spec.accept_hist[0] > 0
     assert_follows_target(bf16, prompt, spec.tokens, 1.0, steps)
+
+
+needs_onednn_bf16 = pytest.mark.skipif(not gemm_dtype_mod._ONEDNN_BF16, reason="no oneDNN bf16 support on this CPU")
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("shape", [(0, 40), (1, 40), (8, 40), (120, 40), (3, 5, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_prepacked_bf16_gemm_is_bit_identical_to_the_plain_one(shape, with_bias):
+    torch.manual_seed(2)
+    weight = torch.randn(24, 40).bfloat16()
+    bias = torch.randn(24).bfloat16() if with_bias else None
+    x = torch.randn(*shape)
+    packs: dict = {}
+    with torch.no_grad():
+        y = gemm_dtype_mod.low_precision_linear(x, weight, bias, packs)
+    assert len(packs) == 1  # the packed path ran
+    assert y.dtype == torch.float32 and torch.equal(y, F.linear(x.bfloat16(), weight, bias).float())
+
+
+@needs_onednn_bf16
+def test_prepacked_weight_follows_in_place_updates_and_replacement():
+    torch.manual_seed(3)
+    lin = CastGemmLinear(nn.Linear(16, 8, bias=False), torch.bfloat16)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        before = lin(x)
+        lin.weight.mul_(2)  # in place: the version changes, the pack is redone
+        assert torch.equal(lin(x), F.linear(x.bfloat16(), lin.weight).float())
+        assert not torch.equal(lin(x), before)
+        lin.weight = nn.Parameter(torch.ones(8, 16, dtype=torch.bfloat16), requires_grad=False)
+        assert torch.equal(lin(x), F.linear(x.bfloat16(), lin.weight).float())
+    assert len(lin._packs) == 1  # only the current weight's pack is kept
+
+
+def test_plain_gemm_where_packing_does_not_apply():
+    torch.manual_seed(4)
+    weight = torch.randn(8, 16).bfloat16()
+    x = torch.randn(3, 16)
+    packs: dict = {}
+    y = gemm_dtype_mod.low_precision_linear(x, weight, None, packs)  # autograd on: plain F.linear
+    with torch.inference_mode():
+        frozen = torch.randn(8, 16).bfloat16()  # an inference tensor has no version counter
+        z = gemm_dtype_mod.low_precision_linear(x, frozen, None, packs)
+    fp32 = gemm_dtype_mod.low_precision_linear(x, weight.float(), None, packs)
+    assert not packs
+    assert torch.equal(y, F.linear(x.bfloat16(), weight).float())
+    assert torch.equal(z, F.linear(x.bfloat16(), frozen).float())
+    assert torch.equal(fp32, F.linear(x, weight.float()))

@@ -73,15 +73,22 @@ def run_both(args: dict):
     tri = sequential_head(**args, impl="triton")
     ref = sequential_head(**args, impl="torch")
     assert torch.equal(tri.tokens, ref.tokens)
-    torch.testing.assert_close(tri.draft_probs, ref.draft_probs, rtol=1e-5, atol=1e-6)
+    if args["uniforms"] is None:  # all greedy: no distributions are written
+        assert tri.draft_probs is None and ref.draft_probs is None
+    else:
+        torch.testing.assert_close(tri.draft_probs, ref.draft_probs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(tri.confidence_logits, ref.confidence_logits, rtol=1e-5, atol=1e-5)
     check_structure(args, ref)
     return ref
 
 
 def check_structure(args: dict, res) -> None:
-    """Dtypes, rows summing to 1, the token inside its row's support, one-hot rows for greedy requests."""
+    """Dtypes, rows summing to 1, the token inside its row's support, one-hot rows for greedy requests (without
+    uniforms: the tokens are the rows' argmax and there are no rows)."""
     n, v = args["base_logits"].shape
+    if args["uniforms"] is None:
+        assert res.tokens.dtype == torch.int64 and res.tokens.shape == (n,) and res.draft_probs is None
+        return
     assert res.tokens.dtype == torch.int64 and res.draft_probs.dtype == torch.float32
     assert res.confidence_logits.dtype == torch.float32 and res.draft_probs.shape == (n, v)
     if n == 0:
@@ -108,7 +115,9 @@ def test_parity_all_greedy_without_uniforms(kind):
     args = make_args([4, 1, 0, 3], 200, kind, temps=[0.0] * 4)
     args["uniforms"] = None
     res = run_both(args)
-    assert bool((res.draft_probs.max(dim=1).values == 1).all())
+    with_uniforms = sequential_head(**{**args, "uniforms": torch.full((8,), 0.5)}, impl="torch")
+    assert torch.equal(res.tokens, with_uniforms.tokens)  # the same argmax drafts as a greedy row with uniforms
+    assert bool((with_uniforms.draft_probs.max(dim=1).values == 1).all())
 
 
 @pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
@@ -440,10 +449,12 @@ from dspark_kernels.ops.sequential_head import _sequential_head_kernel as kernel
 consts = dict(HAS_CONF=True, HAS_TOP_K=True, HAS_TOP_P=True, BLOCK_V=512, BLOCK_R=16, BLOCK_D=64)
 names = kernel.arg_names
 for kind in range(4):
-    sig = {n: "constexpr" if n in consts or n == "KIND" else "*fp32" if n.endswith("_ptr") else "i32" for n in names}
-    values = {**consts, "KIND": kind}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in values.items()})
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    for sample in (True, False):
+        sig = {n: "constexpr" if n in consts or n in ("KIND", "SAMPLE") else "*fp32" if n.endswith("_ptr") else "i32"
+               for n in names}
+        values = {**consts, "KIND": kind, "SAMPLE": sample}
+        src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in values.items()})
+        triton.compile(src, target=GPUTarget("cuda", 90, 32))
 """
 
 

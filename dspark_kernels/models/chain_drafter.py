@@ -118,11 +118,11 @@ class ChainState:
 
 @dataclass
 class ChainDraft:
-    """``tokens [R, gamma]``, ``draft_probs [R, gamma, V]``, ``logits [R, gamma, V]`` (unfiltered, fp32) and
-    ``hidden [R, gamma, hidden]`` of every chain step."""
+    """``tokens [R, gamma]``, ``draft_probs [R, gamma, V]`` (None when drafted without uniforms: all greedy),
+    ``logits [R, gamma, V]`` (unfiltered, fp32) and ``hidden [R, gamma, hidden]`` of every chain step."""
 
     tokens: torch.Tensor
-    draft_probs: torch.Tensor
+    draft_probs: torch.Tensor | None
     logits: torch.Tensor
     hidden: torch.Tensor
 
@@ -243,7 +243,8 @@ class ChainDrafter(nn.Module):
         ``context``'s pairs go through the first step's GEMMs with the anchors' (see :meth:`chain`)."""
         out = self.chain(state, rids, anchors, gamma, temperature, top_k, top_p, uniforms, impl=impl, context=context)
         r = len(rids)
-        return DraftOutput(out.tokens.reshape(r * gamma), out.draft_probs.reshape(r * gamma, -1), None)
+        probs = None if out.draft_probs is None else out.draft_probs.reshape(r * gamma, -1)
+        return DraftOutput(out.tokens.reshape(r * gamma), probs, None)
 
     @torch.inference_mode()
     def chain(self, state: ChainState, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
@@ -310,8 +311,8 @@ class ChainDrafter(nn.Module):
         finally:
             for rid in rids:
                 cache.rollback(rid, written)
-        return ChainDraft(torch.stack(toks, 1), torch.stack(probs, 1), torch.stack(logits_all, 1),
-                          torch.stack(hidden_all, 1))
+        return ChainDraft(torch.stack(toks, 1), None if u is None else torch.stack(probs, 1),
+                          torch.stack(logits_all, 1), torch.stack(hidden_all, 1))
 
     # ------------------------------------------------------------------ training
     def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, steps: int,

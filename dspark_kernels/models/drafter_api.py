@@ -23,7 +23,8 @@ target's features of ``feature_layers`` for each token, requests flattened by ``
 class DraftOutput:
     """``tokens [R * gamma]`` int64, ``draft_probs [R * gamma, V]`` fp32 (the exact distributions the tokens were drawn
     from, filtered like the target's; None: the tokens are deterministic proposals, verified as one-hot
-    distributions), ``confidence_logits [R * gamma]`` fp32 or None (no confidence head)."""
+    distributions, e.g. greedy drafts made without uniforms), ``confidence_logits [R * gamma]`` fp32 or None (no
+    confidence head)."""
 
     tokens: torch.Tensor
     draft_probs: torch.Tensor | None

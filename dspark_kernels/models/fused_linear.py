@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from .gemm_dtype import low_precision_linear
 
 __all__ = ["FusedLinear", "fuse_projections"]
 
@@ -46,6 +47,7 @@ class FusedLinear:
                 part.bias = nn.Parameter(self.bias[start: start + size], requires_grad=False)
             start += size
         self._views = [part.weight.data_ptr() for part in parts]
+        self._packs: dict[int, dict] = {}  # per ``first``: the prepacked weight rows (:func:`low_precision_linear`)
 
     def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
         """``x [T, in]`` (any float dtype) -> one ``[T, out_i]`` view per part from part ``first`` on (a GEMM over
@@ -55,7 +57,7 @@ class FusedLinear:
             raise RuntimeError("a fused layer's weight was replaced after fusion; fuse again after loading")
         skip = sum(self.sizes[:first])
         bias = None if self.bias is None else self.bias[skip:]
-        y = F.linear(x.to(self.weight.dtype), self.weight[skip:], bias).to(x.dtype)
+        y = low_precision_linear(x, self.weight[skip:], bias, self._packs.setdefault(first, {}))
         return y.split(self.sizes[first:], dim=-1)
 
     __call__ = forward

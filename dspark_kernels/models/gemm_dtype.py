@@ -10,6 +10,13 @@ compute-bound, so verifying 8 tokens costs about twice one decode step; bf16 GEM
 cheap as one row (see ``perf/test_gemm_dtype_bench.py``), which is the regime speculative decoding relies on. Every
 method compared in one run must use the same setting: the numerics differ from fp32 GEMMs, so the target's greedy
 text may differ between the two settings (it is identical across methods within one setting).
+
+Prepacked weights (:func:`low_precision_linear`): ``F.linear`` on a bf16 CPU weight hands oneDNN a plain row-major
+matrix, which it reorders into its blocked layout on every call. At inference (no autograd) on a CPU with oneDNN bf16
+support, the weight is reordered once and kept with its module (``torch.ops.mkldnn._reorder_linear_weight``), and
+every call runs ``torch.ops.mkldnn._linear_pointwise`` on the packed copy: the same kernel, bit-identical outputs
+(tested), 1.7-2.5x faster at the few rows of a decode or verify step (the LM head over 8 rows: 190 -> 76 us). The
+packed copy doubles the memory of the bf16 linear weights.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GEMM_DTYPES", "CastGemmLinear", "cast_gemm_weights", "parse_gemm_dtype"]
+__all__ = ["GEMM_DTYPES", "CastGemmLinear", "cast_gemm_weights", "low_precision_linear", "parse_gemm_dtype"]
 
 GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -34,6 +41,35 @@ def parse_gemm_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     raise ValueError(f"gemm_dtype must be one of {sorted(GEMM_DTYPES)} or None, got {name!r}")
 
 
+def _packable(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` may run from a oneDNN-prepacked copy: bf16 on a CPU with oneDNN bf16 support, autograd off,
+    and a version counter to detect in-place updates (an inference tensor has none)."""
+    return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and not torch.is_grad_enabled()
+            and not weight.is_inference() and _ONEDNN_BF16)
+
+
+_ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def low_precision_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                         packs: dict) -> torch.Tensor:
+    """``F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)``: ``x [..., in]``, ``weight [out, in]``, ``bias
+    [out]`` (in the weight's dtype) -> ``[..., out]`` in ``x``'s dtype.
+
+    Where :func:`_packable`, through a oneDNN-prepacked copy of ``weight`` (see the module docstring) kept in the
+    caller's ``packs`` dict, keyed by the weight's storage, shape and version, so a replaced or updated weight is
+    packed again. Bit-identical to the plain call."""
+    xw = x.to(weight.dtype)
+    if not _packable(weight):
+        return F.linear(xw, weight, bias).to(x.dtype)
+    key = (weight.data_ptr(), weight.shape, weight.stride(), weight._version)
+    packed = packs.get(key)
+    if packed is None:
+        packs.clear()
+        packed = packs[key] = torch.ops.mkldnn._reorder_linear_weight(weight)
+    return torch.ops.mkldnn._linear_pointwise(xw, packed, bias, "none", [], "").to(x.dtype)
+
+
 class CastGemmLinear(nn.Module):
     """``y = (x.to(w) @ w.T + b).to(x.dtype)``: a linear layer whose weight ``[out, in]`` (and bias ``[out]``) live in
     a GEMM dtype; inputs ``[..., in]`` of any floating dtype, output ``[..., out]`` in the input's dtype."""
@@ -43,9 +79,10 @@ class CastGemmLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+        self._packs: dict = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+        return low_precision_linear(x, self.weight, self.bias, self._packs)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, gemm_dtype={self.weight.dtype}"

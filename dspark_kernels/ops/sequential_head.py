@@ -10,7 +10,8 @@ Layout (ragged, R requests, N draft slots in all, vocabulary V, hidden size d, r
     top_k                [R] int | None         0 = off
     top_p                [R] float32 | None     in (0, 1]; 1 = off
     uniforms             [N] float32 in (0, 1)  one u per slot for its inverse-CDF draw (None only if all greedy)
-Result (:class:`SequentialHeadResult`): ``tokens [N]`` int64, ``draft_probs [N, V]`` float32,
+Result (:class:`SequentialHeadResult`): ``tokens [N]`` int64, ``draft_probs [N, V]`` float32 (``None`` without
+uniforms: every request is greedy, verification needs only the tokens, and no ``[N, V]`` buffer is written),
 ``confidence_logits [N]`` float32.
 
 Semantics, left to right within a request, k = 1..L, x_0 = anchor, everything in float32:
@@ -128,9 +129,9 @@ def _tanh(x):
 
 @triton.jit
 def _slot_logits(logits_row, probs_row, lat_row, w2_ptr, s_w2r, s_w2v, V, RANK, t_eff,
-                 KIND: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Write ``(U_k.float() + lat @ w2) / t_eff`` to ``probs_row`` tile by tile; return the row's max, lowest-index
-    argmax (int64) and min."""
+                 KIND: tl.constexpr, STORE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Compute ``(U_k.float() + lat @ w2) / t_eff`` tile by tile (written to ``probs_row`` when ``STORE``); return the
+    row's max, lowest-index argmax (int64) and min."""
     offs = tl.arange(0, BLOCK_V)
     best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.zeros((), dtype=tl.int32)
@@ -142,7 +143,8 @@ def _slot_logits(logits_row, probs_row, lat_row, w2_ptr, s_w2r, s_w2v, V, RANK, 
         if KIND != 0:
             bias = _gemv_acc(bias, lat_row, RANK, w2_ptr, s_w2r, s_w2v, idx.to(tl.int64), valid, BLOCK_R)
         x = (tl.load(logits_row + idx, mask=valid, other=0.0).to(tl.float32) + bias) / t_eff
-        tl.store(probs_row + idx, x, mask=valid)
+        if STORE:
+            tl.store(probs_row + idx, x, mask=valid)
         best, best_idx, least = row_stats_step(x, start, valid, best, best_idx, least)
     return best, best_idx.to(tl.int64), least
 
@@ -164,12 +166,13 @@ def _sequential_head_kernel(
     tokens_ptr, probs_ptr, conf_ptr, lat_ptr, state_ptr,
     V, D, RANK, s_w2r, s_w2v, s_gw_in, s_gw_out, s_rw_in, s_rw_out,
     KIND: tl.constexpr, HAS_CONF: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
-    BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    SAMPLE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program per request, a loop over its slots: latent, confidence, biased logits, filter, draw.
 
     ``probs[i]`` is the workspace of slot i (scaled logits, then the filtered probabilities); ``lat [R, r]`` holds
-    the slot's latent and ``state [R, 2, r]`` the rnn state (ping-pong: slot j reads half ``j % 2``).
+    the slot's latent and ``state [R, 2, r]`` the rnn state (ping-pong: slot j reads half ``j % 2``). Without
+    ``SAMPLE`` (no uniforms: every request greedy) every slot takes the argmax and ``probs`` is never touched.
     """
     req = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + req).to(tl.int64)
@@ -195,14 +198,15 @@ def _sequential_head_kernel(
                 c += _dot(e_row, conf_w_ptr + D, RANK, BLOCK_R)
             tl.store(conf_ptr + i, c)
         best, token, least = _slot_logits(logits_ptr + i * V, probs_row, lat_row, w2_ptr, s_w2r, s_w2v, V, RANK,
-                                          t_eff, KIND, BLOCK_V, BLOCK_R)
+                                          t_eff, KIND, SAMPLE, BLOCK_V, BLOCK_R)
         tl.debug_barrier()
-        if t > 0.0:
-            filter_row(probs_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
-            tl.debug_barrier()
-            token = inverse_cdf_row(probs_row, V, tl.load(u_ptr + i), BLOCK_V)
-        else:
-            _one_hot_row(probs_row, V, token, BLOCK_V)
+        if SAMPLE:
+            if t > 0.0:
+                filter_row(probs_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
+                tl.debug_barrier()
+                token = inverse_cdf_row(probs_row, V, tl.load(u_ptr + i), BLOCK_V)
+            else:
+                _one_hot_row(probs_row, V, token, BLOCK_V)
         tl.store(tokens_ptr + i, token)
         prev = token
         tl.debug_barrier()
@@ -231,8 +235,9 @@ def sequential_head_triton(
     r = cu_num_draft_tokens.numel() - 1
     kind = _KIND_IDS[weights.kind]
     rank = weights.w1.shape[1] if kind else 0
+    sample = uniforms is not None
     tokens = torch.zeros(n, dtype=torch.int64, device=dev)
-    probs = torch.zeros(n, v, dtype=torch.float32, device=dev)
+    probs = torch.zeros(n, v, dtype=torch.float32, device=dev) if sample else None
     conf = torch.zeros(n, dtype=torch.float32, device=dev)
     if r == 0 or n == 0:
         return SequentialHeadResult(tokens, probs, conf)
@@ -254,10 +259,11 @@ def sequential_head_triton(
         base_logits.contiguous(), hidden.contiguous(), anchor_tokens.contiguous(), cu_num_draft_tokens.contiguous(),
         vec(weights.w1), w2, gate_w, vec(weights.gate_b), rnn_w, vec(weights.rnn_b), vec(weights.conf_w),
         vec(weights.conf_b), temperature.float().contiguous(), vec(top_k), vec(top_p), vec(uniforms),
-        tokens, probs, conf, lat, state,
+        tokens, probs if sample else dummy, conf, lat, state,
         v, d, rank, s_w2r, s_w2v, s_gw_in, s_gw_out, s_rw_in, s_rw_out,
         KIND=kind, HAS_CONF=weights.conf_w is not None, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
-        BLOCK_V=cfg["BLOCK_V"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"], num_warps=cfg["num_warps"],
+        SAMPLE=sample, BLOCK_V=cfg["BLOCK_V"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
+        num_warps=cfg["num_warps"],
     )
     return SequentialHeadResult(tokens, probs, conf)
 
@@ -349,7 +355,7 @@ def sequential_head(
 
     ``check_inputs=False`` skips validation (several host syncs) for hot loops and CUDA-graph capture. Inputs are
     never modified. The draft probabilities are exactly the distributions the tokens were drawn from, as
-    :func:`~dspark_kernels.ops.rejection_sample` needs them.
+    :func:`~dspark_kernels.ops.rejection_sample` needs them (``None`` without uniforms: all greedy).
     """
     args = (base_logits, hidden, anchor_tokens, cu_num_draft_tokens, weights, temperature, top_k, top_p, uniforms)
     if check_inputs:
