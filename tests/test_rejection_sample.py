@@ -515,3 +515,28 @@ def test_bad_input(name, mutate):
 def test_bad_impl():
     with pytest.raises(ValueError, match="impl"):
         rejection_sample(**make_batch([1], 10), impl="cuda")
+
+
+def test_greedy_host_scan_equals_the_tensor_path(monkeypatch):
+    """The CPU's host scan for small all-greedy batches against the vectorised path, bit for bit: ragged and empty
+    drafts, no requests, argmax ties (integer logits), long accepted runs (few distinct tokens), both counters."""
+    g = torch.Generator().manual_seed(11)
+    host_rows = ref_module.HOST_ROWS
+    for case in range(300):
+        r = int(torch.randint(0, 6, (), generator=g))
+        s = int(torch.randint(1, 8, (), generator=g))
+        v = int(torch.randint(1, 5, (), generator=g)) if case % 2 else 50
+        lens = torch.randint(0, s + 1, (r,), generator=g)
+        n = int(lens.sum())
+        cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+        logits = torch.randint(0, 3, (n + r, v), generator=g).float()
+        drafts = torch.randint(0, v, (n,), generator=g)
+        out = {}
+        for rows in (host_rows, 0):  # the host scan, then the tensor path
+            monkeypatch.setattr(ref_module, "HOST_ROWS", rows)
+            acc, dft = torch.full((s,), 5, dtype=torch.int64), torch.zeros(s, dtype=torch.int64)
+            res = rejection_sample(drafts, cu, None, logits, torch.zeros(r), None, None, None, None, max_spec_len=s,
+                                   accept_counter=acc, draft_counter=dft, impl="torch")
+            out[rows] = (res.output_token_ids, res.num_accepted, acc, dft)
+        for host, tensor in zip(*out.values()):
+            assert host.dtype == tensor.dtype and torch.equal(host, tensor), case
