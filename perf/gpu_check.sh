@@ -75,7 +75,7 @@ step kernel_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_verify_atte
     tests/test_survival.py --junitxml "$OUT_DIR/kernel_tests.xml"
 step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
-step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json"
+step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
 step autotune 160 tune
 step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
     --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps

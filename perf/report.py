@@ -2,6 +2,11 @@
 
     pytest perf --benchmark-only --benchmark-json results/perf_cpu.json
     python perf/report.py results/perf_cpu.json            # writes results/perf_cpu.md and results/perf_cpu.png
+    python perf/report.py results/perf_cpu.json --drop-samples   # also strips the raw per-round timings
+
+``--drop-samples`` rewrites the JSON without pytest-benchmark's raw timings (``stats.data``: up to tens of thousands
+of numbers per fast benchmark, 15 MB for the CPU suite); every summary statistic stays, and the table and plot need
+only those. Use it before committing a run.
 
 The table has one row per benchmark: op, implementation, shapes, median time, the op's bytes and FLOPs (from
 ``extra_info``, see ``perf/roofline.py``) and, for GPU runs, achieved GB/s, TFLOP/s and % of the device's roofline.
@@ -84,10 +89,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("json", type=Path, help="pytest-benchmark JSON (--benchmark-json)")
     p.add_argument("--out", type=Path, default=None, help="output stem (default: next to the JSON)")
+    p.add_argument("--drop-samples", action="store_true",
+                   help="rewrite the JSON without the raw per-round timings (stats.data); summaries stay")
     args = p.parse_args(argv)
-    table = rows(json.loads(args.json.read_text()))
+    data = json.loads(args.json.read_text())
+    table = rows(data)
     if not table:
         raise SystemExit(f"{args.json}: no benchmarks in the file (was it run with --benchmark-only?)")
+    if args.drop_samples:
+        for bench in data["benchmarks"]:
+            bench.get("stats", {}).pop("data", None)
+        args.json.write_text(json.dumps(data, indent=1) + "\n")
     stem = args.out or args.json.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{stem}.md").write_text(markdown(table))

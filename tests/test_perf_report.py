@@ -32,3 +32,15 @@ def test_report_rejects_empty(tmp_path):
     src.write_text(json.dumps({"benchmarks": []}))
     with pytest.raises(SystemExit, match="no benchmarks"):
         report.main([str(src)])
+
+
+def test_drop_samples_strips_raw_timings_only(tmp_path):
+    src = tmp_path / "perf.json"
+    bench = _bench("test_a[R4]", 1e-3)
+    bench["stats"].update(data=[1e-3] * 1000, mean=1.1e-3)
+    src.write_text(json.dumps({"machine_info": {"cpu": "x"}, "benchmarks": [bench]}))
+    report.main([str(src), "--drop-samples"])
+    kept = json.loads(src.read_text())
+    assert kept["machine_info"] == {"cpu": "x"}
+    assert kept["benchmarks"][0]["stats"] == {"median": 1e-3, "mean": 1.1e-3}
+    assert "| test_a[R4] | " in (tmp_path / "perf.md").read_text()
