@@ -6,6 +6,9 @@ implementations: transformers' plain generate and our speculative decode must bo
 
 import argparse
 import json
+import time
+
+import pytest
 
 from dspark_kernels.bench import ASSETS, peers
 
@@ -14,7 +17,7 @@ def test_peers_tiny_run(tmp_path):
     out = tmp_path / "peers.json"
     args = argparse.Namespace(model=ASSETS / "target", assistant=ASSETS / "assistant", drafter_dir=ASSETS / "drafters",
                               drafters=["dspark"], domains=["code"], max_new_tokens=6, gamma=4,
-                              prompt_lookup_tokens=3, impl=None, gemm_dtype="float32", json=out)
+                              prompt_lookup_tokens=3, impl=None, gemm_dtype="float32", repeats=2, json=out)
     peers.main(args)
     result = json.loads(out.read_text())
     runs = {r["method"]: r for r in result["runs"]}
@@ -25,3 +28,23 @@ def test_peers_tiny_run(tmp_path):
     assert runs["dspark"]["identical_to_ar"] and runs["hf_generate"]["identical_to_ar"]
     assert result["best_transformers"].startswith("hf_")
     assert out.with_suffix(".md").read_text().count("\n") == 2 + len(runs)
+
+
+def test_each_method_is_timed_by_its_fastest_decode_of_each_prompt():
+    calls = {"slow_first": 0}
+
+    def slow_first(ids, n):  # the first decode of each prompt is slow, later ones fast
+        calls["slow_first"] += 1
+        if calls["slow_first"] <= 2:
+            time.sleep(0.05)
+        return ids[:n]
+
+    outputs, seconds = peers.time_methods({"m": slow_first, "fast": lambda ids, n: ids[:n]}, [[1, 2, 3], [4, 5]], 2, 3)
+    assert calls["slow_first"] == 6 and outputs["m"] == [[1, 2], [4, 5]] == outputs["fast"]
+    assert seconds["m"] < 0.05  # neither slow decode counts
+
+
+def test_bad_repeats_is_a_clear_error():
+    args = argparse.Namespace(max_new_tokens=4, repeats=0)
+    with pytest.raises(ValueError, match="--repeats must be >= 1"):
+        peers.main(args)
