@@ -15,8 +15,8 @@ Prepacked weights (:func:`low_precision_linear`): ``F.linear`` on a bf16 CPU wei
 matrix, which it reorders into its blocked layout on every call. At inference (no autograd) on a CPU with oneDNN bf16
 support, the weight is reordered once and kept with its module (``torch.ops.mkldnn._reorder_linear_weight``), and
 every call runs ``torch.ops.mkldnn._linear_pointwise`` on the packed copy: the same kernel, bit-identical outputs
-(tested), 1.7-2.5x faster at the few rows of a decode or verify step (the LM head over 8 rows: 190 -> 76 us). The
-packed copy doubles the memory of the bf16 linear weights.
+(tested), and faster at the few rows of a decode or verify step (the shipped target's LM head over 8 rows: 68 instead
+of 113 us, ``perf/test_gemm_dtype_bench.py``). The packed copy doubles the memory of the bf16 linear weights.
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ def parse_gemm_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     raise ValueError(f"gemm_dtype must be one of {sorted(GEMM_DTYPES)} or None, got {name!r}")
 
 
+# whether oneDNN runs bf16 GEMMs on this CPU (the condition for prepacking)
+_ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 def _packable(weight: torch.Tensor) -> bool:
     """Whether ``weight`` may run from a oneDNN-prepacked copy: bf16 on a CPU with oneDNN bf16 support, autograd off,
     and a version counter to detect in-place updates (an inference tensor has none)."""
     return (weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and not torch.is_grad_enabled()
             and not weight.is_inference() and _ONEDNN_BF16)
-
-
-_ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def low_precision_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
