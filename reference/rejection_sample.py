@@ -166,9 +166,7 @@ def greedy_host(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor
         out[i][a] = target[row + a]
         accepted[i], lens[i] = a, end - start
     dev = target_logits.device
-    for counter, counts in ((draft_counter, lens), (accept_counter, accepted)):
-        if counter is not None:
-            counter += torch.tensor([sum(c > j for c in counts) for j in range(max_spec_len)], dtype=counter.dtype,
-                                    device=dev)
+    _bump_counters(draft_counter, torch.tensor(lens, device=dev), max_spec_len)
+    _bump_counters(accept_counter, torch.tensor(accepted, device=dev), max_spec_len)
     return RejectionResult(torch.tensor(out, dtype=torch.int64, device=dev).view(r, max_spec_len + 1),
                            torch.tensor(accepted, dtype=torch.int32, device=dev))
