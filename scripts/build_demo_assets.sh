@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Rebuild every shipped demo asset from scratch on a CPU machine (no network): corpus, tokenizer, target, model card,
 # rollouts, the five drafters, calibration, and the acceptance benchmark. Each step is resumable on its own; the
-# commands are the ones the model card quotes. Set STEPS_TARGET / STEPS_DRAFTER / N_ROLLOUTS to trade time for quality.
-# The shipped drafters were trained for STEPS_DRAFTER_FIRST steps, then resumed to STEPS_DRAFTER with the cosine
-# schedule recomputed over the longer run (a warm restart); both calls are below, the same for every drafter.
+# commands are the ones the model card quotes. Set STEPS_TARGET / STEPS_DRAFTER_STAGES / N_ROLLOUTS to trade time for
+# quality.
+# The shipped drafters were trained for 300 steps, then resumed to 1000 and to 1600 with the cosine schedule recomputed
+# over the longer run each time (warm restarts); STEPS_DRAFTER_STAGES lists the stages, the same for every drafter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS_TARGET=${STEPS_TARGET:-1400}
-STEPS_DRAFTER_FIRST=${STEPS_DRAFTER_FIRST:-300}
-STEPS_DRAFTER=${STEPS_DRAFTER:-1000}
+STEPS_DRAFTER_STAGES=${STEPS_DRAFTER_STAGES:-"300 1000 1600"}
 N_ROLLOUTS=${N_ROLLOUTS:-1024}
 A=dspark_kernels/assets
 
@@ -25,13 +25,13 @@ python -m dspark_kernels.train.target --size assistant --corpus data/corpus --wo
 
 train_block() {  # name, extra args
     local name=$1; shift
-    for steps in "$STEPS_DRAFTER_FIRST" "$STEPS_DRAFTER"; do
+    for steps in $STEPS_DRAFTER_STAGES; do
         python -m dspark_kernels.train.drafter --name "$name" --steps "$steps" --out $A/drafters/"$name" --resume "$@"
     done
 }
 train_chain() {
     local name=$1; shift
-    for steps in "$STEPS_DRAFTER_FIRST" "$STEPS_DRAFTER"; do
+    for steps in $STEPS_DRAFTER_STAGES; do
         python -m dspark_kernels.train.chain_drafter --name "$name" --steps "$steps" --out $A/drafters/"$name" \
             --resume "$@"
     done

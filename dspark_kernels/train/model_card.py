@@ -146,10 +146,11 @@ bit for bit. {m.get("note", "")}
 `dspark` (vanilla Markov head, rank 64, 2 layers over target layers 0/2/4, with `calibration.json` from STS),
 `dspark_rnn` (RNN head), `dflash` (rank 0, CE only), `eagle` (one-layer chain drafter over target layer 4) and `mtp1`
 (the same chain drafter trained for one token): all trained on the same 1024 target rollouts with the same budget
-(1000 steps of 8 sequences: each was trained for 300 steps, then resumed to 1000 with its cosine schedule recomputed
-over the longer run, a warm restart that was identical for all five). Each directory holds `drafter_config.json`,
-`model.safetensors` (bfloat16, without the target's frozen embedding and LM head) and `train_summary.json` with the
-exact arguments of the last call; `scripts/build_demo_assets.sh` has the commands. Their acceptance is measured by
+(1600 steps of 8 sequences: each was trained for 300 steps, resumed to 1000 and then to 1600, each time with its
+cosine schedule recomputed over the longer run, warm restarts that were identical for all five; the last stage ran in
+a scratch work directory and was copied here). Each directory holds `drafter_config.json`, `model.safetensors`
+(bfloat16, without the target's frozen embedding and LM head) and `train_summary.json` with the exact arguments of the
+last call; `scripts/build_demo_assets.sh` has the commands. Their acceptance is measured by
 `python -m dspark_kernels.bench acceptance` (see the top README).
 
 ## Assistant (`assistant/`)
