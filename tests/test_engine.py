@@ -397,3 +397,26 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     if mode == "live":
         assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
         assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # the target's verify steps, the draft rounds
+        paired = data["readouts"]["paired_system_tps_ratios"]
+        assert set(paired) == {"1", "2"} and all(row["none"] == {"vs_none": 1.0} for row in paired.values())
+    else:
+        assert "paired_system_tps_ratios" not in data["readouts"]
+
+
+def test_paired_ratios_divide_within_each_round_robin_cycle():
+    from dspark_kernels.bench.serving import paired_ratios
+
+    def pt(policy, c, runs):
+        return {"policy": policy, "concurrency": c, "system_tps_runs": runs}
+
+    # cycle speeds drift 100 -> 200 -> 50: the gated policy is 1.2x / 0.85x / 0.9x none cycle by cycle (median 0.9),
+    # while its median run (120) over none's (100) would say 1.2x
+    points = [pt("none", 4, [100.0, 200.0, 50.0]), pt("dspark+gate", 4, [120.0, 170.0, 45.0]),
+              pt("fixed3", 4, [50.0, 120.0, 30.0]), pt("fixed7", 4, [60.0, 100.0, 20.0]),
+              pt("dspark", 4, [66.0, 108.0, 36.0]), pt("dspark", 8, [10.0, 30.0]), pt("fixed7", 8, [20.0, 10.0])]
+    r = paired_ratios(points)
+    assert r["4"]["dspark+gate"]["vs_none"] == pytest.approx(0.9)
+    # best fixed per cycle: 60, 120, 30 -> dspark 1.1, 0.9, 1.2 -> median 1.1
+    assert r["4"]["dspark"] == pytest.approx({"vs_none": 0.66, "vs_best_fixed": 1.1})
+    assert r["4"]["fixed7"]["vs_best_fixed"] == pytest.approx(100 / 120)
+    assert r["8"]["dspark"] == pytest.approx({"vs_best_fixed": 1.75})  # 0.5 and 3.0; no none at c = 8

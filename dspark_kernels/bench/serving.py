@@ -22,7 +22,9 @@ Per point: per-user tokens/s (median, p10), system tokens/s, tau (tokens per req
 drafts per request-round, waste = rejected / verified; a live point is the median (by system tokens/s) of
 ``--repeats`` runs, whose system tokens/s it lists. Read-outs: (a) system throughput at fixed per-user speeds,
 (b) per-user speed at the throughput of each mtp1 point, relative to mtp1; both interpolated on each policy's Pareto
-frontier. Writes ``--json``, and ``.csv`` and ``.png`` (Pareto plot) next to it.
+frontier; (c) live only: each policy's system throughput over ``none``'s and over the best fixed-k policy's in the
+same round-robin cycle, the median over the cycles (:func:`paired_ratios`). Writes ``--json``, and ``.csv`` and
+``.png`` (Pareto plot) next to it.
 
 CLI: ``python -m dspark_kernels.bench serving --mode replay --json results/serving_replay.json``.
 """
@@ -263,7 +265,32 @@ def readouts(points: list[dict], speeds: list[float] | None) -> dict:
             row["per_user_tps"][name] = u
             row["vs_mtp1"][name] = None if u is None else u / ref["per_user_tps_median"]
         matched.append(row)
-    return {"system_tps_at_per_user_speed": fixed, "per_user_at_matched_throughput_vs_mtp1": matched}
+    out = {"system_tps_at_per_user_speed": fixed, "per_user_at_matched_throughput_vs_mtp1": matched}
+    if all("system_tps_runs" in p for p in points):
+        out["paired_system_tps_ratios"] = paired_ratios(points)
+    return out
+
+
+def paired_ratios(points: list[dict]) -> dict:
+    """Per concurrency and policy: the median over round-robin cycles of the policy's system tokens/s divided by
+    ``none``'s (``vs_none``) and by the best fixed-k policy's (``vs_best_fixed``) in the same cycle. A cycle runs
+    every policy back to back, so a slow drift of a shared machine's speed hits both runs of a pair alike and these
+    ratios spread less than ratios of the per-point medians. A key is absent when its reference policy was not run.
+    Needs ``system_tps_runs`` (live points), in run order."""
+    runs: dict[int, dict[str, list[float]]] = {}
+    for p in points:
+        runs.setdefault(p["concurrency"], {})[p["policy"]] = p["system_tps_runs"]
+    out = {}
+    for c, by_policy in sorted(runs.items()):
+        refs = {}
+        if "none" in by_policy:
+            refs["vs_none"] = by_policy["none"]
+        fixed = [r for name, r in by_policy.items() if name.startswith("fixed")]
+        if fixed:
+            refs["vs_best_fixed"] = [max(cycle) for cycle in zip(*fixed)]
+        out[str(c)] = {name: {key: statistics.median(a / b for a, b in zip(r, ref)) for key, ref in refs.items()}
+                       for name, r in by_policy.items()}
+    return out
 
 
 def format_readouts(r: dict) -> str:
@@ -275,6 +302,11 @@ def format_readouts(r: dict) -> str:
     for row in r["per_user_at_matched_throughput_vs_mtp1"]:
         vals = ", ".join(f"{k} {'-' if v is None else f'{v:.2f}x'}" for k, v in row["vs_mtp1"].items())
         lines.append(f"  mtp1 c={row['mtp1_concurrency']} ({row['system_tps']:.1f} tok/s): {vals}")
+    if "paired_system_tps_ratios" in r:
+        lines.append("(c) system tokens/s over none's / over the best fixed-k's, paired by round-robin cycle (median):")
+        for c, row in r["paired_system_tps_ratios"].items():
+            vals = ", ".join(f"{k} " + " / ".join(f"{v:.3f}" for v in ratios.values()) for k, ratios in row.items())
+            lines.append(f"  c={c}: {vals}")
     return "\n".join(lines)
 
 
