@@ -4,7 +4,9 @@ Loads the shipped target and drafters (or yours: ``--model``, ``--drafter``), de
 batch size 1 with plain autoregressive decoding, DSpark and DFlash, streams DSpark's text as it is accepted, and prints
 a table of tokens/s, accepted length tau and speedup over autoregressive decoding, all measured side by side in this
 run: every prompt is decoded ``--repeats`` times by each method, interleaved, and each method is timed by its fastest
-run. At temperature 0 it also checks that every method produced the target's own greedy text.
+run. At temperature 0 it also checks that every method produced the target's own greedy text. ``--json`` writes the
+settings, ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt alone), one row per method with
+``method``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict:
     # totals[domain][method]: tokens, seconds, rounds, emitted (tau * rounds); domain "all" sums every prompt
     totals = {d: {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
               for d in ("all", *prompts)}
+    by_prompt: list[dict] = []  # the same rows for each prompt alone (k = 1.. in the order decoded)
     for k, (domain, text) in enumerate(items, 1):
         ids = [BOS_ID] + tokenizer.encode(text).ids
         print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
@@ -117,16 +120,20 @@ def main(argv: list[str] | None = None) -> dict:
             seconds["ar"] = min(seconds["ar"], _run_ar(target, ids, args).elapsed_s)
             for name, drafter in methods.items():
                 seconds[name] = min(seconds[name], _run_spec(target, drafter, ids, args).elapsed_s)
-        for d in ("all", domain):
-            totals[d]["ar"]["tokens"] += ar.num_generated
-            totals[d]["ar"]["seconds"] += seconds["ar"]
+        mine = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
+        for tot in (totals["all"], totals[domain], mine):
+            tot["ar"]["tokens"] += ar.num_generated
+            tot["ar"]["seconds"] += seconds["ar"]
             for name, res in results.items():
-                t = totals[d][name]
+                t = tot[name]
                 t["tokens"] += res.num_generated
                 t["seconds"] += seconds[name]
                 t["rounds"] += res.rounds
                 t["emitted"] += res.tau * res.rounds
-        print(f"\n    [AR {ar.num_generated / seconds['ar']:.0f} tok/s]\n")
+        rows = _rows(mine, None)
+        by_prompt += [{"prompt": k, "domain": domain, **row} for row in rows]
+        print("\n    [" + "; ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s, tau {r['tau']:.2f}" for r in rows)
+              + "]\n")
 
     runs = _rows(totals["all"], identical if args.temperature == 0 else None)
     by_domain = [{"domain": d, **row} for d in prompts for row in _rows(totals[d], None)]
@@ -138,7 +145,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"settings": {"gamma": args.gamma, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "repeats": args.repeats}, "runs": runs,
-           "by_domain": by_domain}
+           "by_domain": by_domain, "by_prompt": by_prompt}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -52,3 +52,18 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     assert data["settings"]["repeats"] == 3
     with pytest.raises(SystemExit):
         demo.main(["--prompt", "x", "--repeats", "0"])
+
+
+def test_demo_reports_every_prompt_alone_and_they_add_up(tmp_path):
+    out = tmp_path / "demo.json"
+    demo.main(["--max-new-tokens", "6", "--repeats", "1", "--json", str(out)])
+    data = json.loads(out.read_text())
+    domains = [d for d, texts in demo.PROMPTS.items() for _ in texts]
+    rows = data["by_prompt"]
+    assert [(r["prompt"], r["domain"]) for r in rows if r["method"] == "ar"] == list(enumerate(domains, 1))
+    for run in data["runs"]:
+        mine = [r for r in rows if r["method"] == run["method"]]
+        assert len(mine) == len(domains) and sum(r["new_tokens"] for r in mine) == run["new_tokens"]
+        seconds = sum(r["new_tokens"] / r["tokens_per_s"] for r in mine)
+        assert run["tokens_per_s"] == pytest.approx(run["new_tokens"] / seconds)
+        assert all(1.0 <= r["tau"] <= 8.0 for r in mine)
