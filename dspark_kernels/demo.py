@@ -44,6 +44,11 @@ def _run_spec(target, drafter, prompt, args, on_tokens=None):
                                 impl=args.impl, on_tokens=on_tokens)
 
 
+def _zero_totals(methods) -> dict:
+    """Per method (``ar`` first): summed new tokens, seconds, rounds and emitted tokens (tau * rounds), all zero."""
+    return {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
+
+
 def _rows(totals: dict, identical: dict | None) -> list[dict]:
     """tokens/s, tau and speedup over AR of every method from its summed tokens, seconds and rounds."""
     ar_tps = totals["ar"]["tokens"] / totals["ar"]["seconds"]
@@ -99,9 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     identical = {m: True for m in methods}
     items = [(d, text) for d, texts in prompts.items() for text in texts]
-    # totals[domain][method]: tokens, seconds, rounds, emitted (tau * rounds); domain "all" sums every prompt
-    totals = {d: {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
-              for d in ("all", *prompts)}
+    # totals[domain]: _zero_totals rows, summed over the domain's prompts; domain "all" sums every prompt
+    totals = {d: _zero_totals(methods) for d in ("all", *prompts)}
     by_prompt: list[dict] = []  # the same rows for each prompt alone (k = 1.. in the order decoded)
     for k, (domain, text) in enumerate(items, 1):
         ids = [BOS_ID] + tokenizer.encode(text).ids
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
             seconds["ar"] = min(seconds["ar"], _run_ar(target, ids, args).elapsed_s)
             for name, drafter in methods.items():
                 seconds[name] = min(seconds[name], _run_spec(target, drafter, ids, args).elapsed_s)
-        mine = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "emitted": 0.0} for m in ("ar", *methods)}
+        mine = _zero_totals(methods)
         for tot in (totals["all"], totals[domain], mine):
             tot["ar"]["tokens"] += ar.num_generated
             tot["ar"]["seconds"] += seconds["ar"]
