@@ -15,8 +15,9 @@ Prepacked weights (:func:`low_precision_linear`): ``F.linear`` on a bf16 CPU wei
 matrix, which it reorders into its blocked layout on every call. At inference (no autograd) on a CPU with oneDNN bf16
 support, the weight is reordered once and kept with its module (``torch.ops.mkldnn._reorder_linear_weight``), and
 every call runs ``torch.ops.mkldnn._linear_pointwise`` on the packed copy: the same kernel, bit-identical outputs
-(tested), and faster at the few rows of a decode or verify step (the shipped target's LM head over 8 rows: 68 instead
-of 113 us, ``perf/test_gemm_dtype_bench.py``). The packed copy doubles the memory of the bf16 linear weights.
+(tested), and faster at the few rows of a decode or verify step (the shipped target's LM head over 8 rows: 69 instead
+of 108 us in the committed ``perf/test_gemm_dtype_bench.py`` run). The packed copy doubles the memory of the bf16
+linear weights.
 """
 
 from __future__ import annotations
