@@ -108,7 +108,8 @@ def rejection_sample_ref(
         top_k[row_req] if top_k is not None else None,
         top_p[row_req] if top_p is not None else None,
     )
-    argmax = target_logits.argmax(dim=1)
+    # the greedy rows' tokens (an all-stochastic batch needs none)
+    argmax = target_logits.argmax(dim=1) if all_greedy or bool(greedy.any()) else None
 
     x = draft_token_ids.long()
     if accept_uniforms is not None:
@@ -116,7 +117,7 @@ def rejection_sample_ref(
         stochastic_ok = accept_uniforms * pd_x < probs[draft_row, x]
     else:
         stochastic_ok = torch.zeros_like(x, dtype=torch.bool)
-    ok = torch.where(greedy[draft_req], x == argmax[draft_row], stochastic_ok)
+    ok = stochastic_ok if argmax is None else torch.where(greedy[draft_req], x == argmax[draft_row], stochastic_ok)
     ok_padded = torch.zeros(r, max_spec_len, dtype=torch.bool, device=dev)
     ok_padded[draft_req, draft_pos] = ok
     num_acc = ok_padded.long().cumprod(dim=1).sum(dim=1)
@@ -128,7 +129,9 @@ def rejection_sample_ref(
     else:
         w = _correction_weights(probs, draft_probs, x, rejected, final_row, cu[:-1] + num_acc)
         u = sample_uniforms[final_row] if sample_uniforms is not None else torch.zeros(r, device=dev)
-        last_token = torch.where(greedy, argmax[final_row], inverse_cdf_ref(w, u))
+        last_token = inverse_cdf_ref(w, u)
+        if argmax is not None:
+            last_token = torch.where(greedy, argmax[final_row], last_token)
 
     drafts_padded = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
     drafts_padded[draft_req, draft_pos] = x

@@ -186,13 +186,16 @@ def _draw(
     u: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``[B]`` and draft probabilities ``[B, V]`` of float32 ``logits [B, V]`` of requests ``req [B]``:
-    greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw."""
-    argmax = logits.argmax(dim=1)
-    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
+    greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw
+    (the argmax and one-hot rows are only made when some row is greedy)."""
     t = temperature[req]
     probs = target_probs_ref(
         logits, t, top_k[req] if top_k is not None else None, top_p[req] if top_p is not None else None
     )
+    token = inverse_cdf_ref(probs, u)
     greedy = t == 0
-    token = torch.where(greedy, argmax, inverse_cdf_ref(probs, u))
-    return token, torch.where(greedy[:, None], one_hot, probs)
+    if not bool(greedy.any()):
+        return token, probs
+    argmax = logits.argmax(dim=1)
+    one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
+    return torch.where(greedy, argmax, token), torch.where(greedy[:, None], one_hot, probs)
