@@ -78,6 +78,25 @@ def test_greedy_engine_equals_target_greedy(target, drafter, policy):  # noqa: F
     assert 1.0 <= out["tau"] <= GAMMA + 1 and out["system_tps"] > 0
 
 
+def test_closed_loop_takes_a_cap_per_prompt(target, drafter):  # noqa: F811
+    eng = engine(target, drafter, "fixed3", max_batch=2)
+    caps = [3, 9, 5, 1]
+    out = run_closed_loop(eng, PROMPTS[:4], 2, caps)
+    assert [len(eng.requests[i].tokens) for i in out["rids"]] == caps
+    with pytest.raises(ValueError, match="one cap or one per prompt"):
+        run_closed_loop(eng, PROMPTS[:4], 2, caps[:3])
+
+
+def test_serving_request_caps_spread_around_the_cap():
+    from dspark_kernels.bench.serving import request_caps
+
+    caps = request_caps(400, 64, 0.5, seed=3)
+    assert caps == request_caps(400, 64, 0.5, seed=3) and min(caps) >= 32 and max(caps) <= 96
+    assert len(set(caps)) > 40 and abs(sum(caps) / len(caps) - 64) < 4
+    assert request_caps(5, 64, 0.0, seed=3) == [64] * 5
+    assert set(request_caps(50, 1, 0.9, seed=0)) == {1, 2}  # never below one token
+
+
 @pytest.mark.parametrize("policy", ["fixed3", "threshold0.5"])
 def test_seeds_reproduce_across_batch_compositions(target, drafter, policy):  # noqa: F811
     alone = engine(target, drafter, policy)
@@ -190,6 +209,50 @@ def test_closed_gate_probes_less_and_less_and_reopens():
     assert _probes(far, range(1, 800)) == [257, 513, 769]
     far.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))  # drafting pays now: open
     assert far.drafts([0, 1], 777) and far._probe_wait == far.GATE_PROBE
+
+
+def test_gate_decides_on_measured_rates_where_it_has_them():
+    """Modelled, drafting pays (gain 3 / (1 + 100 / 1e9) ~ 3); measured drafted rounds at 100 tokens/s against the
+    modelled plain 200 tokens/s (two requests) close the gate; a measured plain rate replaces the modelled one."""
+    policy = _gate(1e9)
+    assert policy.gain(2) == pytest.approx(3.0) and policy.drafts([0, 1], 0)
+    policy.observe_round(2, True, 0.06, 6)  # 6 tokens in 60 ms: 100 tokens/s
+    assert policy.gain(2) == pytest.approx(100 / 200)
+    assert not policy.drafts([0, 1], 1)
+    policy.observe_round(2, False, 0.04, 2)  # plain steps measured at 50 tokens/s: drafting pays after all
+    assert policy.gain(2) == pytest.approx(100 / 50) and policy.drafts([0, 1], 2)
+    policy.observe_round(2, True, 0.02, 6)  # running mean: 0.8 * 100 + 0.2 * 300
+    assert policy._rates[2, True] == pytest.approx(140.0)
+    assert policy.gain(1) == pytest.approx(_gate(1e9).gain(1))  # another live count: still modelled
+    plain = make_policy("dspark")
+    plain.observe_round(2, True, 0.06, 6)  # no gate: nothing kept
+    assert plain._rates == {}
+
+
+def test_probe_that_measures_a_slow_round_waits_the_longest_next():
+    """Modelled gain 0.89 backs off 8, 16, ...; a probe measured at 100 tokens/s (gain 0.5 < GATE_FAR) sets the
+    next wait to the longest at once, at the first decision after it."""
+    policy = _gate(42.0)
+    assert _probes(policy, range(1, 10)) == [9]
+    policy.observe_round(2, True, 0.06, 6)
+    assert _probes(policy, range(10, 300)) == [9 + policy.GATE_PROBE_MAX]
+
+
+def test_engine_with_a_clock_reports_every_round(target, drafter):  # noqa: F811
+    """``Engine(clock=...)`` hands each round's duration and emitted tokens to the policy; without a clock nothing."""
+    seen = []
+    ticks = iter(range(10**6))
+    for clock in (lambda: float(next(ticks)), None):
+        policy = make_policy("fixed3")
+        policy.observe_round = lambda r, drafted, seconds, emitted: seen.append((r, drafted, seconds, emitted))
+        eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=4,
+                     max_seq_len=64, clock=clock)
+        out = run_closed_loop(eng, PROMPTS[:3], 3, 6)
+        if clock is not None:
+            assert len(seen) == out["steps"] and all(s == 1.0 and drafted for _, drafted, s, _ in seen)
+            assert seen[0][0] == 3 and sum(e for *_, e in seen) >= 3 * 5  # 6 tokens each, the first from prefill
+            seen.clear()
+    assert not seen
 
 
 def test_gate_prior_is_checked_and_replaced_by_the_first_drafted_round():
@@ -385,6 +448,8 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
                               str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
                               "--policies", "none", "mtp1", "dspark", "dspark+gate", "oracle",
                               "--mtp1-drafter", str(tmp_path / "no_mtp1"), "--repeats", "2"])
+    with pytest.raises(ValueError, match="--length-range must be in"):
+        serving.main(argparse.Namespace(**{**vars(args), "length_range": 1.0}))
     serving.main(args)
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()
@@ -397,6 +462,7 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     if mode == "live":
         assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
         assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # the target's verify steps, the draft rounds
+        assert data["settings"]["length_range"] == 0.5
         paired = data["readouts"]["paired_system_tps_ratios"]
         assert set(paired) == {"1", "2"} and all(row["none"] == {"vs_none": 1.0} for row in paired.values())
     else:

@@ -4,7 +4,10 @@ Two modes, same outputs:
 
 * ``live``: the continuous-batching :class:`~dspark_kernels.engine.engine.Engine` runs a closed loop with the
   shipped target and drafter at each concurrency (default 1, 2, 4, 8) for each policy (``oracle`` excluded), all
-  policies of one concurrency back to back. The baselines pay only for the drafting they use: ``none`` runs without a
+  policies of one concurrency back to back. Each request's cap on new tokens is drawn from ``--length-range`` around
+  ``--max-new-tokens`` (:func:`request_caps`; with equal caps, plain decoding would keep every batch in lockstep,
+  prefilled together and attending over equal lengths, which no speculative policy and no real workload does). The
+  baselines pay only for the drafting they use: ``none`` runs without a
   drafter, ``mtp1`` with the shipped MTP-1 drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
   machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
@@ -12,7 +15,8 @@ Two modes, same outputs:
   :func:`~dspark_kernels.engine.sps.profile_drafter`).
   They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
   ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean survival
-  (its ``calibration.json``) instead of drafting a first round to measure it.
+  (its ``calibration.json``) instead of drafting a first round to measure it, and the engines time their rounds
+  (``Engine(..., clock=time.perf_counter)``), so the gate compares measured rates once it has them.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -37,6 +41,7 @@ import json
 import platform
 import random
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +88,15 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
     step = target_step_fn(target, target.device, max_tokens, context, per_request=max_tokens)
     return profile_target(step, max_tokens, device=device_name(), model=model, warmup=PROFILE_WARMUP,
                           repeats=PROFILE_REPEATS)
+
+
+def request_caps(n: int, max_new_tokens: int, length_range: float, seed: int) -> list[int]:
+    """Each of ``n`` requests' cap on new tokens, uniform over ``[(1 - length_range), (1 + length_range)] *
+    max_new_tokens`` (rounded, at least 1) from ``seed``; ``length_range = 0``: ``max_new_tokens`` for all."""
+    rng = random.Random(seed)
+    lo = max(1, round((1 - length_range) * max_new_tokens))
+    hi = max(lo, round((1 + length_range) * max_new_tokens))
+    return [rng.randint(lo, hi) for _ in range(n)]
 
 
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
@@ -162,16 +176,18 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     for c in args.concurrency:
         prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
                                       target.config.vocab_size, args.seed)
+        caps = request_caps(len(prompts), args.max_new_tokens, args.length_range, args.seed)
         runs: dict[str, list[dict]] = {}
         for _ in range(args.repeats):
             for name, (run_drafter, gamma) in list(runners.items()):
                 eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
                              gamma, max_batch=c,
-                             max_seq_len=args.prompt_len + args.max_new_tokens + args.gamma + 1,
-                             draft_profile=draft_profile if run_drafter is drafter else None)
+                             max_seq_len=args.prompt_len + max(caps) + args.gamma + 1,
+                             draft_profile=draft_profile if run_drafter is drafter else None,
+                             clock=time.perf_counter)
                 try:
                     runs.setdefault(name, []).append(
-                        run_closed_loop(eng, prompts, c, args.max_new_tokens, temperature=args.temperature))
+                        run_closed_loop(eng, prompts, c, caps, temperature=args.temperature))
                 except ValueError as e:
                     if "confidence head" not in str(e):
                         raise
@@ -358,6 +374,7 @@ def run(args: argparse.Namespace) -> dict:
                     "formula": profile.formula, "origin": where},
         "settings": {"model": str(args.model), "drafter": str(args.drafter), "gamma": args.gamma,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+                     "length_range": args.length_range if args.mode == "live" else None,
                      "prompt_len": args.prompt_len, "calibrated": cal.temperatures is not None,
                      "gate_prior": cal.prior_survival, "seed": args.seed,
                      "gemm_dtype": args.gemm_dtype},
@@ -380,6 +397,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=7)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--length-range", type=float, default=0.5,
+                   help="live: each request's cap on new tokens is drawn from [1 - x, 1 + x] x --max-new-tokens "
+                        "(seeded; the same draws for every policy), so requests do not start and finish in lockstep "
+                        "as they never do in serving; 0: every request gets exactly --max-new-tokens")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domain", default="prose")
@@ -400,6 +421,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if not 0 <= args.length_range < 1:
+        raise ValueError(f"--length-range must be in [0, 1), got {args.length_range}")
     if args.concurrency is None:
         args.concurrency = list(LIVE_CONCURRENCY if args.mode == "live" else REPLAY_CONCURRENCY)
     data = run(args)

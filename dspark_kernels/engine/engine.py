@@ -30,7 +30,7 @@ and accepted drafts and rounds; per position the accepted/verified counters of t
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -122,12 +122,15 @@ class Engine:
     request count; optional, required by the gated policies) are bound to the policy: see
     :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round is taken as
     free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to ``max_seq_len``
-    tokens (prompt + new tokens + gamma + 1) each.
+    tokens (prompt + new tokens + gamma + 1) each. ``clock`` (e.g. ``time.perf_counter``): time every round and
+    report it with its emitted tokens to the policy (``Policy.observe_round``; the draft gate then decides on measured
+    rates); ``None`` (default): no timing, so every decision depends only on the profiles and earlier rounds' drafts
+    (reproducible).
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
-                 draft_profile: SPSProfile | None = None) -> None:
+                 draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None) -> None:
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
         if policy.replay_only:
@@ -137,7 +140,7 @@ class Engine:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         policy.bind(sps_profile, gamma, max_batch, draft_profile)
         self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
-        self.max_batch, self.max_seq_len, self.impl = max_batch, max_seq_len, impl
+        self.max_batch, self.max_seq_len, self.impl, self.clock = max_batch, max_seq_len, impl, clock
         self.device = target.device
         pages = max_batch * -(-max_seq_len // page_size)
         self.tcache = target.new_cache(pages, page_size)
@@ -225,6 +228,7 @@ class Engine:
         if not live:
             return done
         r, dev, gamma = len(live), self.device, self.gamma
+        t_round = self.clock() if self.clock is not None else 0.0
         samp = self._sampling(live)
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
         drafting = self.policy.drafts(live, self.steps)
@@ -246,6 +250,8 @@ class Engine:
         for i, tokens in zip(live, rnd.emitted):
             self.requests[i].tokens.extend(tokens)
             self.requests[i].rounds += 1
+        if self.clock is not None:
+            self.policy.observe_round(r, drafting, self.clock() - t_round, sum(a + 1 for a in rnd.accepted))
         finished = self._finish(live, time.perf_counter())
         self.live = [i for i in live if i not in finished]
         return done + finished
@@ -285,22 +291,27 @@ class Engine:
         }
 
 
-def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int, max_new_tokens: int,
+def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int,
+                    max_new_tokens: int | Sequence[int],
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                     seeds: Sequence[int] | None = None, eos: int | None = None) -> dict:
     """Closed-loop load: keep ``concurrency`` requests in flight (a finished one is replaced by the next prompt at
-    once) until every prompt is done. Returns the engine's :meth:`Engine.metrics` plus ``elapsed_s``,
+    once) until every prompt is done; ``max_new_tokens``: one cap for all, or one per prompt. Returns the engine's
+    :meth:`Engine.metrics` plus ``elapsed_s``,
     ``system_tps`` (new tokens / wall time), ``per_user_tps`` (list, one per request), ``concurrency``, and
     ``rids`` (the engine ids, in prompt order)."""
     if not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
         raise ValueError(f"concurrency must be an int in [1, max_batch = {engine.max_batch}], got {concurrency!r}")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(caps) != len(prompts):
+        raise ValueError(f"max_new_tokens: one cap or one per prompt ({len(prompts)}), got {len(caps)}")
     queue = list(range(len(prompts)))[::-1]
     rids: list[int] = [-1] * len(prompts)
 
     def submit() -> None:
         i = queue.pop()
-        rids[i] = engine.add_request(prompts[i], max_new_tokens, temperature, top_k, top_p, seeds[i], eos)
+        rids[i] = engine.add_request(prompts[i], caps[i], temperature, top_k, top_p, seeds[i], eos)
 
     first = set(engine.requests)
     t0 = time.perf_counter()

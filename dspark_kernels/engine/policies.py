@@ -23,10 +23,14 @@ which then drafts to measure it. While the gate is closed it still probes (draft
 refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
 ``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would
 have to grow by a third, which one more probe will not show); the first measurement (the prior, or the first round)
-counts as a probe. The engine keeps the committed tokens for the drafter's context until the next drafting round
-takes them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step
-and the gate stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps
-speculation from falling below plain decoding.
+counts as a probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``) also reports every
+round's wall time and emitted tokens (``policy.observe_round``); the gate then compares measured rates where it has
+them (tokens/s of drafted rounds and of plain steps at the live request count, running means) and the modelled ones
+where it does not, because the profiles leave out the engine's own work around a round (sampling, bookkeeping, a
+drafter whose caches the target forward evicted). The engine keeps the committed tokens for the drafter's context
+until the next drafting round takes them in, so a closed gate costs no drafter work at all. On a GPU the draft round
+is a few percent of a step and the gate stays open; where drafting costs about a decode step (this repository's CPU)
+it is what keeps speculation from falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -138,6 +142,10 @@ class Policy:
     def observe(self, accepted: torch.Tensor, verify_lens: torch.Tensor) -> None:
         """Feed back the round's accepted drafts ``[R]`` for the verify lengths ``[R]`` (no-op by default)."""
 
+    def observe_round(self, r: int, drafted: bool, seconds: float, emitted: int) -> None:
+        """Feed back a round's wall time and emitted tokens with ``r`` live requests, drafted or a plain step (from an
+        engine with a clock; no-op by default)."""
+
 
 def _device(conf_logits: torch.Tensor | None) -> torch.device:
     return conf_logits.device if conf_logits is not None else torch.device("cpu")
@@ -181,7 +189,8 @@ class _Confident(Policy):
     GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (the plain mean until then)
     GATE_PROBE = 8  # once closed, the gate still drafts (probes) after this many steps ...
     GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
-    GATE_FAR = 0.75  # ... or waiting the longest at once while the modelled gain of drafting is below this
+    GATE_FAR = 0.75  # ... or waiting the longest at once while the expected gain of drafting is below this
+    GATE_RATE_EMA = 0.2  # weight of the newest round in the measured tokens/s of drafted rounds and plain steps
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
                  prior_survival: Sequence[float] | None = None) -> None:
@@ -202,7 +211,9 @@ class _Confident(Policy):
         self._drafted_rounds = 0
         self._last_drafted = 0
         self._probe_wait: int | None = None  # steps from the last drafted round to the next probe (None: not yet set)
+        self._probed = False  # the last drafted round was a probe whose outcome has not set the next wait yet
         self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
+        self._rates: dict[tuple[int, bool], float] = {}  # measured tokens/s by (live requests, drafted)
 
     def bind(self, profile, gamma, max_batch, draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile)
@@ -215,25 +226,41 @@ class _Confident(Policy):
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
-        self._gains = {}
+        self._gains, self._rates = {}, {}
+
+    def observe_round(self, r, drafted, seconds, emitted):
+        if not self.gate or seconds <= 0:
+            return
+        rate, old = emitted / seconds, self._rates.get((r, drafted))
+        self._rates[r, drafted] = rate if old is None else (1 - self.GATE_RATE_EMA) * old + self.GATE_RATE_EMA * rate
+
+    def gain(self, r: int) -> float:
+        """Expected tokens/s of a drafted round over a plain step's with ``r`` live requests: each side measured
+        (:meth:`observe_round`) where it has been, else modelled (:func:`drafting_gain` on the running mean
+        survival)."""
+        modelled = self._gains.get(r)
+        if modelled is None:
+            modelled = self._gains[r] = drafting_gain(self._mean_survival, r, self.step_table(r), self.sps_table)
+        plain_model = r * float(self.sps_table[r])
+        plain = self._rates.get((r, False), plain_model)
+        return self._rates.get((r, True), modelled * plain_model) / plain
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        r = len(live)
-        gain = self._gains.get(r)
-        if gain is None:
-            gain = self._gains[r] = drafting_gain(self._mean_survival, r, self.step_table(r), self.sps_table)
+        gain = self.gain(len(live))
         if gain > 1:
-            self._probe_wait = self.GATE_PROBE
+            self._probe_wait, self._probed = self.GATE_PROBE, False
             return True
         if self._probe_wait is None:  # the first drafted round, or else the prior, counts as the first probe
             if not self._drafted_rounds:
                 self._last_drafted = step
             self._probe_wait = self._next_wait(gain)
             return False
-        if step - self._last_drafted >= self._probe_wait:  # probe, and wait longer before the next one
-            self._probe_wait = self._next_wait(gain)
+        if self._probed:  # the first decision after a probe sets the next wait from what the probe measured
+            self._probe_wait, self._probed = self._next_wait(gain), False
+        if step - self._last_drafted >= self._probe_wait:
+            self._probed = True
             return True
         return False
 
