@@ -7,8 +7,8 @@ Two modes, same outputs:
   policies of one concurrency back to back. Each request's cap on new tokens is drawn from ``--length-range`` around
   ``--max-new-tokens`` (:func:`request_caps`; with equal caps, plain decoding would keep every batch in lockstep,
   prefilled together and attending over equal lengths, which no speculative policy and no real workload does). The
-  baselines pay only for the drafting they use: ``none`` runs without a
-  drafter, ``mtp1`` with the shipped MTP-1 drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
+  baselines pay only for the drafting they use: ``none`` runs without a drafter, ``mtp1`` with the shipped MTP-1
+  drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
   machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
   drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``,
