@@ -4,7 +4,13 @@ Loads the shipped target and drafters (or yours: ``--model``, ``--drafter``), de
 batch size 1 with plain autoregressive decoding, DSpark and DFlash, streams DSpark's text as it is accepted, and prints
 a table of tokens/s, accepted length tau and speedup over autoregressive decoding, all measured side by side in this
 run: every prompt is decoded ``--repeats`` times by each method, interleaved, and each method is timed by its fastest
-run. At temperature 0 it also checks that every method produced the target's own greedy text. ``--json`` writes the
+run. At temperature 0 it also checks that every method produced the target's own greedy text.
+
+By default the drafters draft an adaptive number of tokens per round (``--draft-length adaptive``, at most
+``--gamma``, default 15): the round costs of each drafter are measured at start (:func:`measure_round_costs`) and
+:class:`AdaptiveDraftLength` picks each round's length from the acceptance so far, down to plain decode steps where
+drafting does not pay; ``--draft-length fixed`` drafts ``--gamma`` (default 7) every round. tau counts every target
+forward after the prefill (a plain step emits one token). ``--json`` writes the
 settings, ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt alone), one row per method with
 ``method``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
 """
@@ -19,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from .engine.draft_length import AdaptiveDraftLength, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
 from .models.drafter_api import load_drafter
@@ -38,10 +45,10 @@ def _run_ar(target, prompt, args):
                     eos_token_id=EOS_ID, impl=args.impl)
 
 
-def _run_spec(target, drafter, prompt, args, on_tokens=None):
+def _run_spec(target, drafter, prompt, args, schedule=None, on_tokens=None):
     return speculative_generate(target, drafter, [prompt], args.max_new_tokens, args.gamma,
                                 temperature=args.temperature, seeds=[args.seed], eos_token_id=EOS_ID,
-                                impl=args.impl, on_tokens=on_tokens)
+                                impl=args.impl, on_tokens=on_tokens, draft_length=schedule)
 
 
 def _zero_totals(methods) -> dict:
@@ -68,7 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.demo", description=__doc__.split("\n")[0])
     p.add_argument("--prompt", help="decode only this prompt (default: built-in prompts per domain)")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
+    p.add_argument("--draft-length", choices=("adaptive", "fixed"), default="adaptive",
+                   help="adaptive: each round's length from the measured round costs and the acceptance so far")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
     p.add_argument("--model", type=Path, default=ASSETS / "target")
@@ -86,6 +96,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.gamma is None:
+        args.gamma = 15 if args.draft_length == "adaptive" else 7
+    if not 1 <= args.gamma <= 16 or (args.draft_length == "adaptive" and args.gamma < 2):
+        p.error(f"--gamma must be in 1..16 (2..16 with --draft-length adaptive), got {args.gamma}")
 
     t_load = time.perf_counter()
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)
@@ -95,12 +109,19 @@ def main(argv: list[str] | None = None) -> dict:
         methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.gemm_dtype)
     prompts = {"custom": [args.prompt]} if args.prompt else PROMPTS
     print(f"loaded target + {len(methods)} drafter(s) in {time.perf_counter() - t_load:.1f}s; "
-          f"gamma={args.gamma}, T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, "
-          f"{args.gemm_dtype} GEMM weights\n")
+          f"{args.draft_length} draft length (gamma {'<= ' if args.draft_length == 'adaptive' else ''}{args.gamma}), "
+          f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "
+          "weights")
     warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
     _run_ar(target, warm, args)
-    for drafter in methods.values():
+    schedules = {name: None for name in methods}
+    for name, drafter in methods.items():
         _run_spec(target, drafter, warm, args)
+        if args.draft_length == "adaptive":
+            costs = measure_round_costs(target, drafter, warm, args.gamma)
+            schedules[name] = AdaptiveDraftLength(costs)
+            print(f"{name}: a round of k drafts costs 1 + {costs.fixed:.2f} + {costs.per_token:.3f} k plain steps")
+    print()
 
     identical = {m: True for m in methods}
     items = [(d, text) for d, texts in prompts.items() for text in texts]
@@ -116,14 +137,14 @@ def main(argv: list[str] | None = None) -> dict:
         for name, drafter in methods.items():
             stream = (lambda i, toks: (sys.stdout.write(tokenizer.decode(toks)), sys.stdout.flush())) \
                 if name == "dspark" else None
-            results[name] = _run_spec(target, drafter, ids, args, on_tokens=stream)
+            results[name] = _run_spec(target, drafter, ids, args, schedules[name], on_tokens=stream)
             identical[name] &= results[name].tokens == ar.tokens
         # the same decodes again, interleaved; each method is timed by its fastest run (same seed, same tokens)
         seconds = {"ar": ar.elapsed_s, **{name: res.elapsed_s for name, res in results.items()}}
         for _ in range(args.repeats - 1):
             seconds["ar"] = min(seconds["ar"], _run_ar(target, ids, args).elapsed_s)
             for name, drafter in methods.items():
-                seconds[name] = min(seconds[name], _run_spec(target, drafter, ids, args).elapsed_s)
+                seconds[name] = min(seconds[name], _run_spec(target, drafter, ids, args, schedules[name]).elapsed_s)
         mine = _zero_totals(methods)
         for tot in (totals["all"], totals[domain], mine):
             tot["ar"]["tokens"] += ar.num_generated
@@ -146,7 +167,9 @@ def main(argv: list[str] | None = None) -> dict:
         for r in rows:
             same = "-" if r["method"] == "ar" or r.get("identical_to_ar") is None else str(r["identical_to_ar"])
             print(f"{d:8s} {r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
-    out = {"settings": {"gamma": args.gamma, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+    costs = {name: vars(sched.costs) for name, sched in schedules.items() if sched is not None}
+    out = {"settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
+                        "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "repeats": args.repeats}, "runs": runs,
            "by_domain": by_domain, "by_prompt": by_prompt}

@@ -13,13 +13,17 @@ import pytest
 from dspark_kernels.bench import ASSETS, peers
 
 
-def test_peers_tiny_run(tmp_path):
+@pytest.mark.parametrize("draft_length", ["adaptive", "fixed"])
+def test_peers_tiny_run(tmp_path, draft_length):
     out = tmp_path / "peers.json"
     args = argparse.Namespace(model=ASSETS / "target", assistant=ASSETS / "assistant", drafter_dir=ASSETS / "drafters",
                               drafters=["dspark"], domains=["code"], max_new_tokens=6, gamma=4,
-                              prompt_lookup_tokens=3, impl=None, gemm_dtype="float32", repeats=2, json=out)
+                              draft_length=draft_length, prompt_lookup_tokens=3, impl=None, gemm_dtype="float32",
+                              repeats=2, json=out)
     peers.main(args)
     result = json.loads(out.read_text())
+    assert result["settings"]["draft_length"] == draft_length
+    assert set(result["settings"]["round_costs"]) == ({"dspark"} if draft_length == "adaptive" else set())
     runs = {r["method"]: r for r in result["runs"]}
     assert set(runs) == {"hf_generate", "hf_assisted", "hf_prompt_lookup", "ar", "dspark"}
     for r in runs.values():
@@ -44,7 +48,10 @@ def test_each_method_is_timed_by_its_fastest_decode_of_each_prompt():
     assert seconds["m"] < 0.05  # neither slow decode counts
 
 
-def test_bad_repeats_is_a_clear_error():
+def test_bad_repeats_and_gamma_are_clear_errors():
     args = argparse.Namespace(max_new_tokens=4, repeats=0)
     with pytest.raises(ValueError, match="--repeats must be >= 1"):
+        peers.main(args)
+    args = argparse.Namespace(max_new_tokens=4, repeats=1, gamma=1, draft_length="adaptive")
+    with pytest.raises(ValueError, match="--gamma must be in"):
         peers.main(args)

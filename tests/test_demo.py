@@ -7,18 +7,26 @@ import pytest
 from dspark_kernels import demo
 
 
-@pytest.mark.parametrize("gemm_dtype", ["float32", "bfloat16"])
-def test_demo_short_run_writes_json_and_matches_ar(tmp_path, gemm_dtype):
+@pytest.mark.parametrize("gemm_dtype,draft_length", [("float32", "adaptive"), ("bfloat16", "adaptive"),
+                                                     ("bfloat16", "fixed")])
+def test_demo_short_run_writes_json_and_matches_ar(tmp_path, gemm_dtype, draft_length):
     out = tmp_path / "demo.json"
     demo.main(["--prompt", "def add(a, b):\n", "--max-new-tokens", "12", "--gemm-dtype", gemm_dtype,
-               "--json", str(out)])
+               "--draft-length", draft_length, "--json", str(out)])
     data = json.loads(out.read_text())
-    assert data["settings"]["gemm_dtype"] == gemm_dtype
+    settings = data["settings"]
+    assert settings["gemm_dtype"] == gemm_dtype and settings["draft_length"] == draft_length
+    assert settings["gamma"] == (15 if draft_length == "adaptive" else 7)
+    if draft_length == "adaptive":  # measured at start, per drafter
+        assert set(settings["round_costs"]) == {"dspark", "dflash"}
+        assert all(c["fixed"] >= 0 and c["per_token"] >= 0 for c in settings["round_costs"].values())
+    else:
+        assert settings["round_costs"] == {}
     runs = {r["method"]: r for r in data["runs"]}
     assert set(runs) == {"ar", "dspark", "dflash"}
     for name in ("dspark", "dflash"):
         assert runs[name]["identical_to_ar"] is True and runs[name]["new_tokens"] == runs["ar"]["new_tokens"]
-        assert 1.0 <= runs[name]["tau"] <= 8.0 and runs[name]["tokens_per_s"] > 0
+        assert 1.0 <= runs[name]["tau"] <= settings["gamma"] + 1 and runs[name]["tokens_per_s"] > 0
     assert {r["domain"] for r in data["by_domain"]} == {"custom"}
 
 
@@ -52,6 +60,10 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     assert data["settings"]["repeats"] == 3
     with pytest.raises(SystemExit):
         demo.main(["--prompt", "x", "--repeats", "0"])
+    with pytest.raises(SystemExit):
+        demo.main(["--prompt", "x", "--gamma", "17"])
+    with pytest.raises(SystemExit):
+        demo.main(["--prompt", "x", "--gamma", "1"])  # adaptive needs two lengths to fit its costs
 
 
 def test_demo_reports_every_prompt_alone_and_they_add_up(tmp_path):
@@ -66,4 +78,4 @@ def test_demo_reports_every_prompt_alone_and_they_add_up(tmp_path):
         assert len(mine) == len(domains) and sum(r["new_tokens"] for r in mine) == run["new_tokens"]
         seconds = sum(r["new_tokens"] / r["tokens_per_s"] for r in mine)
         assert run["tokens_per_s"] == pytest.approx(run["new_tokens"] / seconds)
-        assert all(1.0 <= r["tau"] <= 8.0 for r in mine)
+        assert all(1.0 <= r["tau"] <= data["settings"]["gamma"] + 1 for r in mine)

@@ -7,7 +7,9 @@ Methods (batch 1, temperature 0, the same prompts and ``--max-new-tokens``, EOS 
   hidden 128, trained on the same corpus) as ``assistant_model``, transformers' default draft-length schedule;
 * ``hf_prompt_lookup``: prompt-lookup decoding (``prompt_lookup_num_tokens``, n-gram drafts copied from the context);
 * ``ar``: our runtime's plain decode (:func:`dspark_kernels.models.generate`);
-* one run per block/chain drafter named in ``--drafters`` (default: ``dspark``): our fixed-gamma speculative loop.
+* one run per block/chain drafter named in ``--drafters`` (default: ``dspark``): our speculative loop, with the
+  adaptive draft length (``--draft-length adaptive``, at most ``--gamma``, default 15; round costs measured at start
+  per drafter, :mod:`dspark_kernels.engine.draft_length`) or a fixed one (``--draft-length fixed``, default 7).
 
 Every method is warmed up once, then every prompt is decoded ``--repeats`` times by every method, the methods
 interleaved (one pass over methods and prompts per repeat, so a slow drift of a shared machine hits all alike), and
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 
 from ..demo import PROMPTS
+from ..engine.draft_length import AdaptiveDraftLength, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
 from ..models.drafter_api import load_drafter
@@ -64,11 +67,12 @@ def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
     return {name: make(extra) for name, extra in runs.items()}
 
 
-def _speculative_runner(target, drafter, args: argparse.Namespace):
-    """``fn(prompt_ids, max_new) -> new token ids`` with our fixed-gamma speculative loop, greedy."""
+def _speculative_runner(target, drafter, args: argparse.Namespace, schedule: AdaptiveDraftLength | None):
+    """``fn(prompt_ids, max_new) -> new token ids`` with our speculative loop, greedy (``schedule``: adaptive draft
+    length; ``None``: ``args.gamma`` every round)."""
     def run(ids: list[int], max_new: int) -> list[int]:
         return speculative_generate(target, drafter, [ids], max_new, args.gamma, eos_token_id=EOS_ID,
-                                    impl=args.impl).tokens[0]
+                                    impl=args.impl, draft_length=schedule).tokens[0]
     return run
 
 
@@ -100,9 +104,15 @@ def run(args: argparse.Namespace) -> dict:
         print(f"no assistant model at {args.assistant}: hf_assisted skipped")
     methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens))
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
+    costs = {}
     for name in args.drafters:
-        methods[name] = _speculative_runner(target, load_drafter(Path(args.drafter_dir) / name, target,
-                                                                        gemm_dtype=args.gemm_dtype), args)
+        drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.gemm_dtype)
+        schedule = None
+        if args.draft_length == "adaptive":
+            speculative_generate(target, drafter, [warm], 8, args.gamma, eos_token_id=EOS_ID, impl=args.impl)
+            schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, warm, args.gamma))
+            costs[name] = vars(schedule.costs)
+        methods[name] = _speculative_runner(target, drafter, args, schedule)
 
     for fn in methods.values():
         fn(warm, 8)
@@ -118,7 +128,8 @@ def run(args: argparse.Namespace) -> dict:
     best_hf = max((r for r in rows if r["method"].startswith("hf_")), key=lambda r: r["tokens_per_s"])
     for row in rows:
         row["vs_best_transformers"] = row["tokens_per_s"] / best_hf["tokens_per_s"]
-    return {"settings": {"max_new_tokens": args.max_new_tokens, "gamma": args.gamma, "domains": args.domains,
+    return {"settings": {"max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
+                         "draft_length": args.draft_length, "round_costs": costs, "domains": args.domains,
                          "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                          "batch_size": 1, "temperature": 0.0, "gemm_dtype": args.gemm_dtype,
                          "repeats": args.repeats},
@@ -141,7 +152,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafters", nargs="+", default=["dspark"], help="our drafters to run (shipped names)")
     p.add_argument("--domains", nargs="+", choices=sorted(PROMPTS), default=sorted(PROMPTS))
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
+    p.add_argument("--draft-length", choices=("adaptive", "fixed"), default="adaptive")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="0 skips prompt-lookup decoding")
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
@@ -156,6 +169,10 @@ def main(args: argparse.Namespace) -> dict:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.gamma is None:
+        args.gamma = 15 if args.draft_length == "adaptive" else 7
+    if not 1 <= args.gamma <= 16 or (args.draft_length == "adaptive" and args.gamma < 2):
+        raise ValueError(f"--gamma must be in 1..16 (2..16 with --draft-length adaptive), got {args.gamma}")
     result = run(args)
     table = markdown(result)
     print(table)

@@ -4,7 +4,7 @@
 * :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
 * :class:`PendingContext`: committed tokens and their features per request, waiting for the request's next drafting
   round (which takes them into the drafter's context in the same pass);
-* :func:`draft`: the drafter's ``gamma`` proposals with counter-based uniforms;
+* :func:`draft`: the drafter's ``gamma`` proposals with counter-based uniforms (:func:`no_drafts`: none);
 * :func:`verify_round`: one ragged verify of ``[anchor, d_1 .. d_{l_r}]`` per request (``l_r`` in 0..gamma), lossless
   rejection sampling, rollback of the rejected drafts in the target cache; returns the kept tokens and their features
   for the drafter's context;
@@ -137,6 +137,12 @@ def draft(drafter: Drafter, dstate, rids: Sequence, anchors: torch.Tensor, gamma
                                                           stream=DRAFT_NOISE_STREAM).reshape(-1)
     return drafter.draft(dstate, list(rids), anchors, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
                          uniforms, impl=impl, context=context)
+
+
+def no_drafts(r: int, gamma: int, device: torch.device) -> DraftOutput:
+    """The :class:`DraftOutput` of a round in which none of the ``r`` requests drafts (a plain decode step: every
+    verify length 0); ``gamma`` is the round's draft-slot width (>= 1)."""
+    return DraftOutput(torch.zeros(r * gamma, dtype=torch.int64, device=device), None, None)
 
 
 @dataclass

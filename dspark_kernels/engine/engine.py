@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, DraftOutput
-from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, prefill, verify_round
+from ..models.drafter_api import Drafter
+from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, no_drafts, prefill, verify_round
 from .policies import Policy
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
@@ -238,7 +238,7 @@ class Engine:
             conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
             lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
         else:  # a plain decode step: nothing drafted, nothing to verify
-            drafted = DraftOutput(torch.zeros(r * gamma, dtype=torch.int64, device=dev), None, None)
+            drafted = no_drafts(r, gamma, dev)
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
         rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, gamma, samp,

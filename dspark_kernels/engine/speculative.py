@@ -1,4 +1,9 @@
-"""Draft -> verify -> accept decoding at batch size 1..N with a fixed verify length (any drafter).
+"""Draft -> verify -> accept decoding at batch size 1..N (any drafter), with a fixed draft length or an adaptive one.
+
+Without ``draft_length`` every request drafts and verifies ``gamma`` tokens each round. With an
+:class:`~.draft_length.AdaptiveDraftLength`, each request drafts ``l_r`` in ``0..gamma`` tokens a round, chosen from its
+own past acceptances and the device's round costs; the round drafts ``max(l_r)`` slots for every live request (one
+backbone pass) and verifies ``l_r`` of each; when every ``l_r`` is 0 the round is a plain decode step without a draft.
 
 Round structure for every live request (anchor ``x0`` = its last emitted token, not yet seen by the target):
 1. the drafter proposes ``gamma`` tokens (with draft probabilities and, when it has one, confidence logits);
@@ -13,8 +18,8 @@ The first token of each request comes from the prefill's logits (as in plain gen
 output is token-for-token the target's greedy output. Per-request randomness is counter-based: round ``t`` of a request
 with seed ``s`` uses ``(s, t)`` for the drafter's and the verifier's uniforms, so results do not depend on batching.
 
-Metrics kept on the device, read once at the end: a histogram of accepted drafts per round (``tau`` = mean accepted
-+ 1, conditional acceptance by position) and the verifier's per-position counters.
+Metrics kept on the device, read once at the end: a histogram of rounds by verified and accepted drafts (``tau`` =
+mean accepted + 1, conditional acceptance by position).
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
 from ..models.generate import _per_request
-from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, prefill, verify_round
+from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, no_drafts, prefill, verify_round
+from .draft_length import AdaptiveDraftLength
 
 __all__ = ["SpecResult", "speculative_generate"]
 
@@ -37,9 +43,11 @@ __all__ = ["SpecResult", "speculative_generate"]
 class SpecResult:
     """Per-request new tokens and finish reasons, plus round statistics.
 
-    ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts; ``tau``: mean emitted tokens per round
-    (accepted + the correction/bonus token); ``acceptance_by_position[j]``: P(draft j+1 accepted | drafts 1..j
-    accepted); ``rounds``: draft/verify rounds summed over requests; ``steps``: target forwards (prefill included).
+    ``round_hist[l][a]``: rounds that verified ``l`` drafts and accepted ``a`` of them (``l = 0``: a plain step of
+    an adaptive draft length); ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts; ``tau``: mean emitted
+    tokens per round (accepted + the correction/bonus token); ``acceptance_by_position[j]``: P(draft j+1 accepted |
+    drafts 1..j accepted and draft j+1 verified); ``rounds``: rounds summed over requests; ``steps``: target
+    forwards (prefill included).
     """
 
     tokens: list[list[int]]
@@ -47,7 +55,7 @@ class SpecResult:
     elapsed_s: float
     steps: int
     rounds: int
-    accept_hist: list[int]
+    round_hist: list[list[int]]
     gamma: int
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -58,14 +66,23 @@ class SpecResult:
         return sum(len(t) for t in self.tokens)
 
     @property
+    def accept_hist(self) -> list[int]:
+        return [sum(row[a] for row in self.round_hist) for a in range(self.gamma + 1)]
+
+    @property
     def tau(self) -> float:
-        total = sum(self.accept_hist)
-        return sum((a + 1) * n for a, n in enumerate(self.accept_hist)) / total if total else 0.0
+        hist = self.accept_hist
+        total = sum(hist)
+        return sum((a + 1) * n for a, n in enumerate(hist)) / total if total else 0.0
 
     @property
     def acceptance_by_position(self) -> list[float]:
-        reached = [sum(self.accept_hist[j:]) for j in range(self.gamma + 1)]
-        return [reached[j + 1] / reached[j] if reached[j] else float("nan") for j in range(self.gamma)]
+        out = []
+        for j in range(self.gamma):
+            reached = sum(n for l_r, row in enumerate(self.round_hist) if l_r > j for n in row[j:])
+            accepted = sum(n for row in self.round_hist for n in row[j + 1:])
+            out.append(accepted / reached if reached else float("nan"))
+        return out
 
 
 def _sync(device: torch.device) -> None:
@@ -88,16 +105,23 @@ def speculative_generate(
     impl: str | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
     record_traces: bool = False,
+    draft_length: AdaptiveDraftLength | None = None,
 ) -> SpecResult:
     """Speculative decoding of every prompt (see module docstring); same arguments as ``models.generate`` plus the
     drafter, the verify length ``gamma`` and ``on_tokens(prompt_index, new_tokens)``, called as tokens are final
     (for streaming). ``record_traces`` keeps, per round and request, the drafter's confidence logits and the number
     of accepted drafts (``extra["confidence_logits"] [rounds, gamma]``, ``extra["accepted"] [rounds]``,
-    ``extra["trace_request"] [rounds]``): the data for calibration and for replaying scheduling policies."""
+    ``extra["trace_request"] [rounds]``): the data for calibration and for replaying scheduling policies (fixed
+    draft length only). ``draft_length``: an :class:`~.draft_length.AdaptiveDraftLength` (``gamma`` is then the most
+    a request drafts in a round); it is reset for this call."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    if draft_length is not None and not isinstance(draft_length, AdaptiveDraftLength):
+        raise TypeError(f"draft_length must be an AdaptiveDraftLength or None, got {type(draft_length).__name__}")
+    if draft_length is not None and record_traces:
+        raise ValueError("record_traces needs a fixed draft length (draft_length=None): traces are [rounds, gamma]")
     prompts = [list(p) for p in prompts]
     if any(not p for p in prompts):
         raise ValueError("every prompt must hold at least one token")
@@ -114,10 +138,12 @@ def speculative_generate(
 
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
-    hist = torch.zeros(gamma + 1, dtype=torch.int64, device=dev)
+    hist = torch.zeros((gamma + 1) * (gamma + 1), dtype=torch.int64, device=dev)  # [verified, accepted] flattened
     t0 = time.perf_counter()
     if n == 0 or max_new_tokens == 0:
-        return SpecResult(out, reasons, 0.0, 0, 0, hist.tolist(), gamma)
+        return SpecResult(out, reasons, 0.0, 0, 0, hist.view(gamma + 1, -1).tolist(), gamma)
+    if draft_length is not None:
+        draft_length.start(n)
 
     budget = [len(p) + max_new_tokens + gamma + 1 for p in prompts]
     tcache = target.new_cache(sum(-(-b // page_size) for b in budget), page_size)
@@ -147,23 +173,31 @@ def speculative_generate(
         before = [len(out[i]) for i in range(n)] if on_tokens else []
         samp = sampling(live)
         anchor_t = torch.tensor([anchors[i] for i in live], dtype=torch.int64, device=dev)
+        lens = [gamma] * r if draft_length is None else [draft_length.choose(i, gamma) for i in live]
+        width = max(lens)
         td = time.perf_counter()
-        drafted = draft(drafter, dstate, live, anchor_t, gamma, samp, impl, context=pending.take(live, dev))
+        if width > 0:
+            drafted = draft(drafter, dstate, live, anchor_t, width, samp, impl, context=pending.take(live, dev))
+        else:  # nobody drafts: a plain decode step
+            drafted, width = no_drafts(r, 1, dev), 1
         _sync(dev)
         tv = time.perf_counter()
         draft_s += tv - td
-        full = torch.full((r,), gamma, dtype=torch.int64, device=dev)
-        rnd = verify_round(target, drafter, tcache, live, anchor_t, drafted, full, gamma, samp, impl=impl)
+        lens_t = torch.tensor(lens, dtype=torch.int64, device=dev)
+        rnd = verify_round(target, drafter, tcache, live, anchor_t, drafted, lens_t, width, samp, impl=impl)
         pending.add(live, rnd.kept)
-        hist.index_add_(0, rnd.num_accepted.long(), torch.ones(r, dtype=torch.int64, device=dev))
+        hist.index_add_(0, lens_t * (gamma + 1) + rnd.num_accepted.long(), torch.ones(r, dtype=torch.int64,
+                                                                                       device=dev))
         if record_traces and drafted.confidence_logits is not None:
             traces.append((drafted.confidence_logits.view(r, gamma), rnd.num_accepted, torch.tensor(live)))
         steps += 1
         n_rounds += r
-        for i, tokens in zip(live, rnd.emitted):
+        for i, tokens, l_r, a_r in zip(live, rnd.emitted, lens, rnd.accepted):
             out[i].extend(tokens)
             anchors[i] = tokens[-1]
             rounds[i] += 1
+            if draft_length is not None:
+                draft_length.observe(i, l_r, a_r)
         _sync(dev)
         verify_s += time.perf_counter() - tv
         live = _stream(live, before, out, on_tokens,
@@ -175,7 +209,7 @@ def speculative_generate(
         extra = {"confidence_logits": torch.cat([t[0] for t in traces]).float().cpu(),
                  "accepted": torch.cat([t[1] for t in traces]).long().cpu(),
                  "trace_request": torch.cat([t[2] for t in traces])}
-    return SpecResult(out, reasons, time.perf_counter() - t0, steps, n_rounds, hist.tolist(), gamma,
+    return SpecResult(out, reasons, time.perf_counter() - t0, steps, n_rounds, hist.view(gamma + 1, -1).tolist(), gamma,
                       draft_s=draft_s, verify_s=verify_s, extra=extra)
 
 

@@ -1,0 +1,164 @@
+"""Adaptive draft length for the fixed-batch speculative loop: how many tokens to draft for each request this round.
+
+A round that drafts ``k`` tokens costs more than a plain decode step, and what it buys depends on how well the drafter
+is doing on *this* text: a drafter that copies a memorised file gets whole blocks accepted, one facing a repetition
+loop it never saw in training gets almost nothing. A fixed ``gamma`` is too short for the first and a loss for the
+second. Following the cost model of Leviathan et al. (2023, section 3.5), with an acceptance rate that is re-estimated
+as the text changes:
+
+* cost, in plain decode steps: ``cost(0) = 1`` (no draft: a plain step) and ``cost(k) = 1 + fixed + per_token * k``
+  (:class:`RoundCosts`, measured on the live device by :func:`measure_round_costs`);
+* gain: with per-draft acceptance rate ``alpha``, a round that verifies ``k`` drafts emits
+  ``E[tau](k) = 1 + alpha + ... + alpha^k`` tokens on average;
+* each round every request drafts the ``k`` in ``0..gamma`` with the most tokens per cost, ``E[tau](k) / cost(k)``.
+
+``alpha`` is a running estimate per request: decayed counts of accepted drafts and of rejections
+(``alpha = accepted / (accepted + rejections)``), which start at the prior. A round that drafted nothing observes
+nothing; it moves the counts back towards the prior instead, so a request that stopped drafting tries again after a
+while (a probe) and goes on drafting when the text has become predictable again.
+
+The choice depends only on the request's own past acceptances (never on the tokens being verified), so rejection
+sampling stays lossless, and at temperature 0 the output is still the target's greedy output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..models import CausalLM
+from ..models.drafter_api import Drafter
+from ._common import PendingContext, Sampling, draft, no_drafts, prefill, verify_round
+
+__all__ = ["AdaptiveDraftLength", "RoundCosts", "measure_round_costs"]
+
+
+@dataclass(frozen=True)
+class RoundCosts:
+    """Time of a round that drafts and verifies ``k >= 1`` tokens, in plain decode steps:
+    ``1 + fixed + per_token * k`` (a plain step costs 1)."""
+
+    fixed: float
+    per_token: float
+
+    def __post_init__(self) -> None:
+        for name in ("fixed", "per_token"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+                raise ValueError(f"RoundCosts.{name} must be a finite number >= 0, got {value!r}")
+
+    def of(self, k: int) -> float:
+        """Cost of a round with ``k`` drafts (``k = 0``: a plain step)."""
+        return 1.0 if k == 0 else 1.0 + self.fixed + self.per_token * k
+
+
+class AdaptiveDraftLength:
+    """Per-request draft length from a running acceptance-rate estimate and :class:`RoundCosts` (module docstring).
+
+    Args:
+        costs: the device's round costs (:func:`measure_round_costs`).
+        decay: weight of the past per round, in ``(0, 1)``; smaller forgets faster.
+        prior_alpha: acceptance rate assumed before any round (and relaxed towards while not drafting), in ``(0, 1)``.
+        prior_weight: how many rounds' worth of evidence the prior counts for (``> 0``).
+
+    :meth:`start` resets it for a decode of ``n`` requests; :meth:`choose` and :meth:`observe` are called once per
+    request and round by the loop (:func:`~dspark_kernels.engine.speculative.speculative_generate`).
+    """
+
+    def __init__(self, costs: RoundCosts, decay: float = 0.9, prior_alpha: float = 0.75,
+                 prior_weight: float = 4.0) -> None:
+        if not isinstance(costs, RoundCosts):
+            raise TypeError(f"costs must be a RoundCosts, got {type(costs).__name__}")
+        if not 0 < decay < 1:
+            raise ValueError(f"decay must be in (0, 1), got {decay!r}")
+        if not 0 < prior_alpha < 1:
+            raise ValueError(f"prior_alpha must be in (0, 1), got {prior_alpha!r}")
+        if not prior_weight > 0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
+        self.costs, self.decay = costs, decay
+        self.prior = (prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight)
+        self._accepted: list[float] = []
+        self._rejected: list[float] = []
+
+    def start(self, n: int) -> None:
+        """Forget everything; ``n`` requests, each at the prior."""
+        self._accepted = [self.prior[0]] * n
+        self._rejected = [self.prior[1]] * n
+
+    def alpha(self, i: int) -> float:
+        """Request ``i``'s current acceptance-rate estimate."""
+        return self._accepted[i] / (self._accepted[i] + self._rejected[i])
+
+    def choose(self, i: int, gamma: int) -> int:
+        """Draft length in ``0..gamma`` for request ``i``: the most expected tokens per cost (ties: the shorter)."""
+        alpha = self.alpha(i)
+        best_k, best_rate = 0, 1.0 / self.costs.of(0)
+        tau, term = 1.0, 1.0
+        for k in range(1, gamma + 1):
+            term *= alpha
+            tau += term
+            rate = tau / self.costs.of(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def observe(self, i: int, verified: int, accepted: int) -> None:
+        """Request ``i``'s round verified ``verified`` drafts and accepted the first ``accepted`` of them
+        (``verified = 0``: it did not draft; the estimate moves towards the prior)."""
+        d = self.decay
+        if verified == 0:
+            self._accepted[i] = d * self._accepted[i] + (1 - d) * self.prior[0]
+            self._rejected[i] = d * self._rejected[i] + (1 - d) * self.prior[1]
+        else:
+            self._accepted[i] = d * self._accepted[i] + accepted
+            self._rejected[i] = d * self._rejected[i] + (1.0 if accepted < verified else 0.0)
+
+
+def measure_round_costs(target: CausalLM, drafter: Drafter, prompt: Sequence[int], gamma: int,
+                        repeats: int = 10) -> RoundCosts:
+    """Time greedy rounds at batch 1 on ``prompt`` and fit :class:`RoundCosts` through them.
+
+    Three runs from the prompt: plain decode steps, rounds of 1 draft and rounds of ``gamma`` drafts. Every round
+    verifies all its drafts and keeps what the target accepts, so the next draft takes in a realistic context chunk.
+    Each run times ``repeats`` rounds after two warm-up rounds and keeps the fastest (the least disturbed by the rest
+    of the machine); ``prompt`` plus ``(repeats + 2) * (gamma + 1)`` tokens must fit the target's positions."""
+    if not isinstance(gamma, int) or gamma < 2:
+        raise ValueError(f"gamma must be an int >= 2 (two draft lengths are fitted), got {gamma!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not prompt:
+        raise ValueError("prompt must hold at least one token")
+    plain, one, full = (_median_round_seconds(target, drafter, list(prompt), k, repeats) for k in (0, 1, gamma))
+    per_token = max(full - one, 0.0) / (gamma - 1)
+    return RoundCosts(fixed=max(one - per_token - plain, 0.0) / plain, per_token=per_token / plain)
+
+
+def _median_round_seconds(target: CausalLM, drafter: Drafter, prompt: list[int], k: int, repeats: int) -> float:
+    """Fastest of ``repeats`` greedy batch-1 rounds of ``k`` drafts (0: plain steps) after two warm-ups, seconds."""
+    dev, page, warmup = target.device, 16, 2
+    pages = -(-(len(prompt) + (repeats + warmup) * (k + 1) + k + 1) // page)
+    tcache, dstate = target.new_cache(pages, page), drafter.new_state(pages, page)
+    tcache.add_request(0)
+    drafter.add_request(dstate, 0)
+    samp = Sampling.of([0.0], [0], [1.0], [0], [0], dev)
+    pending = PendingContext()
+    anchor = prefill(target, drafter, tcache, dstate, [0], [prompt], samp, defer=lambda kept: pending.add([0], kept))[0]
+    lens = torch.tensor([k], dtype=torch.int64, device=dev)
+    seconds = []
+    for _ in range(warmup + repeats):
+        anchors = torch.tensor([anchor], dtype=torch.int64, device=dev)
+        t0 = time.perf_counter()
+        if k == 0:
+            drafted = no_drafts(1, 1, dev)
+        else:
+            drafted = draft(drafter, dstate, [0], anchors, k, samp, context=pending.take([0], dev))
+        rnd = verify_round(target, drafter, tcache, [0], anchors, drafted, lens, max(k, 1), samp)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds.append(time.perf_counter() - t0)
+        pending.add([0], rnd.kept)
+        anchor = rnd.emitted[0][-1]
+    return min(seconds[warmup:])

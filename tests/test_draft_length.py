@@ -1,0 +1,143 @@
+"""Adaptive draft length: the cost model's choices, the acceptance estimate, and the loop it drives.
+
+* :class:`AdaptiveDraftLength` picks the most tokens per cost (hand-worked cases), stops drafting when acceptance
+  collapses and drafts again after the estimate has relaxed towards the prior;
+* ``speculative_generate(..., draft_length=...)``: T = 0 output equals the target's greedy output for every drafter
+  kind (plain steps and mixed lengths included); T > 0 is lossless (chi-square) with requests of different draft
+  lengths verified in one forward;
+* :func:`measure_round_costs` and bad input.
+"""
+
+import pytest
+
+from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts, measure_round_costs
+from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import generate
+from tests.lossless import assert_follows_target
+from tests.test_drafter_engine import KINDS, make_drafter, target  # noqa: F401  (module fixture)
+
+
+def _expected_tau(alpha: float, k: int) -> float:
+    return sum(alpha**j for j in range(k + 1))
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.5, 0.7, 0.9, 0.97])
+@pytest.mark.parametrize("fixed,per_token", [(0.9, 0.06), (0.2, 0.01), (0.0, 0.0), (3.0, 0.5)])
+def test_choice_is_the_brute_force_best_rate(alpha, fixed, per_token):
+    costs = RoundCosts(fixed, per_token)
+    sched = AdaptiveDraftLength(costs, prior_alpha=alpha)
+    sched.start(1)
+    assert sched.alpha(0) == pytest.approx(alpha)
+    rates = [_expected_tau(alpha, k) / costs.of(k) for k in range(16)]
+    best = max(range(16), key=lambda k: (rates[k], -k))
+    assert sched.choose(0, 15) == best
+
+
+def test_hand_worked_cases():
+    sched = AdaptiveDraftLength(RoundCosts(fixed=1.0, per_token=0.0), prior_alpha=0.5)
+    sched.start(1)
+    assert sched.choose(0, 7) == 0  # tau < 2 for every k at alpha 0.5, and a drafted round costs 2 plain steps
+    sched = AdaptiveDraftLength(RoundCosts(fixed=1.0, per_token=0.0), prior_alpha=0.9)
+    sched.start(1)
+    assert sched.choose(0, 4) == 4  # tau(4) = 4.095 > 2: drafting pays and longer is better when tokens are free
+    sched = AdaptiveDraftLength(RoundCosts(fixed=0.0, per_token=0.5), prior_alpha=0.5)
+    sched.start(1)
+    assert sched.choose(0, 7) == 0  # 1.5 / 1.5 ties with a plain step: the shorter wins
+
+
+def test_estimate_collapses_then_probes_again():
+    sched = AdaptiveDraftLength(RoundCosts(fixed=0.9, per_token=0.06), decay=0.8, prior_alpha=0.75)
+    sched.start(2)
+    assert sched.choose(0, 15) > 0
+    for _ in range(10):  # request 0: every draft rejected
+        sched.observe(0, sched.choose(0, 15) or 4, 0)
+    assert sched.choose(0, 15) == 0 and sched.alpha(0) < 0.1
+    assert sched.choose(1, 15) > 0  # requests are independent
+    waited = 0
+    while sched.choose(0, 15) == 0:  # plain steps: the estimate relaxes towards the prior
+        sched.observe(0, 0, 0)
+        waited += 1
+        assert waited < 50
+    assert waited > 1
+    for _ in range(10):  # whole blocks accepted: drafts grow to the maximum
+        k = sched.choose(0, 15)
+        sched.observe(0, k, k)
+    assert sched.choose(0, 15) == 15 and sched.alpha(0) > 0.95
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="per_token"):
+        RoundCosts(0.5, -0.1)
+    with pytest.raises(ValueError, match="fixed"):
+        RoundCosts(float("nan"), 0.1)
+    with pytest.raises(TypeError, match="RoundCosts"):
+        AdaptiveDraftLength((0.5, 0.1))
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveDraftLength(RoundCosts(0.5, 0.1), decay=1.0)
+    with pytest.raises(ValueError, match="prior_alpha"):
+        AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_alpha=0.0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_weight=0.0)
+
+
+@pytest.mark.parametrize("kind,rank", KINDS)
+@pytest.mark.parametrize("costs", [RoundCosts(0.3, 0.05), RoundCosts(0.0, 0.0), RoundCosts(50.0, 0.0)])
+def test_greedy_adaptive_equals_target_greedy(target, kind, rank, costs):  # noqa: F811
+    drafter = make_drafter(target, kind, rank)
+    prompts = [[1, 5, 9, 13], [1, 40], [1] + list(range(20, 45))]
+    ar = generate(target, prompts, 24, temperature=0.0)
+    spec = speculative_generate(target, drafter, prompts, 24, 7, temperature=0.0,
+                                draft_length=AdaptiveDraftLength(costs, decay=0.7))
+    assert spec.tokens == ar.tokens
+    plain = sum(spec.round_hist[0])
+    if costs.fixed == 50.0:  # drafting never pays: every round is a plain step
+        assert plain == spec.rounds and spec.tau == 1.0
+    if costs.fixed == 0.0:  # drafting is free: never a plain step, mostly the maximum
+        assert plain == 0 and sum(spec.round_hist[7]) > spec.rounds / 2
+
+
+def test_sampled_adaptive_is_lossless_with_mixed_lengths(target):  # noqa: F811
+    drafter = make_drafter(target)
+    prompt, n, steps, gamma = [1, 11, 12], 3000, 4, 4
+    sched = AdaptiveDraftLength(RoundCosts(0.3, 0.1), decay=0.5, prior_alpha=0.6)
+    spec = speculative_generate(target, drafter, [prompt] * n, steps, gamma, temperature=1.0, seeds=list(range(n)),
+                                draft_length=sched)
+    by_length = [sum(row) for row in spec.round_hist]
+    assert by_length[0] > 0 and sum(1 for c in by_length[1:] if c > 0) >= 2  # plain, and two draft lengths
+    assert sum(row[a] for row in spec.round_hist for a in range(1, gamma + 1)) > 0  # some drafts accepted
+    assert_follows_target(target, prompt, spec.tokens, 1.0, steps)
+
+
+def test_acceptance_by_position_counts_only_verified_positions(target):  # noqa: F811
+    drafter = make_drafter(target)
+    spec = speculative_generate(target, drafter, [[1, 5, 9]], 4, 3)
+    spec.round_hist = [[2, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 1, 2]]
+    # rows: l = 0 (two plain steps), l = 1 (a = 0, a = 1), l = 3 (a = 0, a = 2, a = 3 twice)
+    # position 1: verified in the 6 rounds with l >= 1, accepted in 4 of them
+    assert spec.acceptance_by_position[0] == pytest.approx(4 / 6)
+    # position 2: reached (l >= 2 and a >= 1) in 3 rounds, accepted (a >= 2) in 3
+    assert spec.acceptance_by_position[1] == pytest.approx(3 / 3)
+    assert spec.acceptance_by_position[2] == pytest.approx(2 / 3)
+    assert spec.accept_hist == [4, 1, 1, 2]
+
+
+def test_trace_recording_needs_a_fixed_length(target):  # noqa: F811
+    drafter = make_drafter(target)
+    with pytest.raises(ValueError, match="record_traces"):
+        speculative_generate(target, drafter, [[1, 2]], 4, 3, record_traces=True,
+                             draft_length=AdaptiveDraftLength(RoundCosts(0.5, 0.1)))
+    with pytest.raises(TypeError, match="draft_length"):
+        speculative_generate(target, drafter, [[1, 2]], 4, 3, draft_length=RoundCosts(0.5, 0.1))
+
+
+def test_measure_round_costs(target):  # noqa: F811
+    drafter = make_drafter(target)
+    costs = measure_round_costs(target, drafter, [1, 5, 9, 13], 7, repeats=3)
+    assert costs.fixed >= 0 and costs.per_token >= 0
+    assert costs.of(7) >= costs.of(1) >= costs.of(0) == 1.0
+    with pytest.raises(ValueError, match="gamma"):
+        measure_round_costs(target, drafter, [1, 5], 1)
+    with pytest.raises(ValueError, match="repeats"):
+        measure_round_costs(target, drafter, [1, 5], 4, repeats=0)
+    with pytest.raises(ValueError, match="prompt"):
+        measure_round_costs(target, drafter, [], 4)
