@@ -45,24 +45,43 @@ def test_hand_worked_cases():
     assert sched.choose(0, 7) == 0  # 1.5 / 1.5 ties with a plain step: the shorter wins
 
 
-def test_estimate_collapses_then_probes_again():
-    sched = AdaptiveDraftLength(RoundCosts(fixed=0.9, per_token=0.06), decay=0.8, prior_alpha=0.75)
+def _plain_steps_until_probe(sched, i, gamma=15, limit=200):
+    """Plain steps request ``i`` takes (observed as such) before its next drafted round; returns (steps, length)."""
+    for steps in range(limit):
+        k = sched.choose(i, gamma)
+        if k > 0:
+            return steps, k
+        sched.observe(i, 0, 0)
+    raise AssertionError("no probe")
+
+
+def test_stops_drafting_then_probes_with_doubling_waits():
+    costs = RoundCosts(fixed=0.9, per_token=0.06)
+    sched = AdaptiveDraftLength(costs, decay=0.8, prior_alpha=0.75, probe_wait=4, max_probe_wait=32)
     sched.start(2)
-    assert sched.choose(0, 15) > 0
-    for _ in range(10):  # request 0: every draft rejected
-        sched.observe(0, sched.choose(0, 15) or 4, 0)
-    assert sched.choose(0, 15) == 0 and sched.alpha(0) < 0.1
-    assert sched.choose(1, 15) > 0  # requests are independent
-    waited = 0
-    while sched.choose(0, 15) == 0:  # plain steps: the estimate relaxes towards the prior
-        sched.observe(0, 0, 0)
-        waited += 1
-        assert waited < 50
-    assert waited > 1
-    for _ in range(10):  # whole blocks accepted: drafts grow to the maximum
-        k = sched.choose(0, 15)
+    prior_k = sched.best_length(0.75, 15)
+    assert sched.choose(0, 15) == prior_k > 0
+    sched.observe(0, prior_k, 0)
+    while (k := sched.choose(0, 15)) > 0:  # every draft rejected until the estimate says stop
+        sched.observe(0, k, 0)
+    assert sched.alpha(0) < 0.5 and sched.choose(1, 15) == prior_k  # requests are independent
+    waits = []
+    for _ in range(5):  # plain steps between failed probes: the wait doubles up to the cap
+        steps, k = _plain_steps_until_probe(sched, 0)
+        waits.append(steps)
+        assert k == prior_k  # a probe drafts the prior's length
+        sched.observe(0, k, 0)
+    assert waits == [4, 8, 16, 32, 32]
+    steps, k = _plain_steps_until_probe(sched, 0)
+    for _ in range(8):  # a probe that succeeds, then whole blocks: drafting resumes and grows to the maximum
         sched.observe(0, k, k)
-    assert sched.choose(0, 15) == 15 and sched.alpha(0) > 0.95
+        k = sched.choose(0, 15)
+        assert k > 0
+    assert k == 15 and sched.alpha(0) > 0.9
+    while (k := sched.choose(0, 15)) > 0:  # stops again: the wait starts over
+        sched.observe(0, k, 0)
+    sched.observe(0, 0, 0)
+    assert _plain_steps_until_probe(sched, 0)[0] + 1 == 4
 
 
 def test_bad_arguments():
@@ -78,6 +97,8 @@ def test_bad_arguments():
         AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_alpha=0.0)
     with pytest.raises(ValueError, match="prior_weight"):
         AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_weight=0.0)
+    with pytest.raises(ValueError, match="probe_wait"):
+        AdaptiveDraftLength(RoundCosts(0.5, 0.1), probe_wait=8, max_probe_wait=4)
 
 
 @pytest.mark.parametrize("kind,rank", KINDS)

@@ -13,9 +13,12 @@ as the text changes:
 * each round every request drafts the ``k`` in ``0..gamma`` with the most tokens per cost, ``E[tau](k) / cost(k)``.
 
 ``alpha`` is a running estimate per request: decayed counts of accepted drafts and of rejections
-(``alpha = accepted / (accepted + rejections)``), which start at the prior. A round that drafted nothing observes
-nothing; it moves the counts back towards the prior instead, so a request that stopped drafting tries again after a
-while (a probe) and goes on drafting when the text has become predictable again.
+(``alpha = accepted / (accepted + rejections)``), which start at the prior and are updated by every drafted round.
+A request whose estimate says plain steps are best stops drafting, but a plain step observes nothing, so it probes:
+after ``wait`` plain steps it drafts one round at the length the prior would choose. If the estimate after the probe
+still says not to draft, the wait doubles (``probe_wait``, 2x, 4x, ... up to ``max_probe_wait``); once drafting pays
+again the wait starts over. On text the drafter cannot follow, probing costs one drafted round every
+``max_probe_wait`` steps in the long run.
 
 The choice depends only on the request's own past acceptances (never on the tokens being verified), so rejection
 sampling stays lossless, and at temperature 0 the output is still the target's greedy output.
@@ -60,16 +63,18 @@ class AdaptiveDraftLength:
 
     Args:
         costs: the device's round costs (:func:`measure_round_costs`).
-        decay: weight of the past per round, in ``(0, 1)``; smaller forgets faster.
-        prior_alpha: acceptance rate assumed before any round (and relaxed towards while not drafting), in ``(0, 1)``.
+        decay: weight of the past per drafted round, in ``(0, 1)``; smaller forgets faster.
+        prior_alpha: acceptance rate assumed before any round, in ``(0, 1)``; probes draft the length it implies.
         prior_weight: how many rounds' worth of evidence the prior counts for (``> 0``).
+        probe_wait, max_probe_wait: plain steps before the first probe, and the most the doubling wait reaches
+            (``1 <= probe_wait <= max_probe_wait``).
 
     :meth:`start` resets it for a decode of ``n`` requests; :meth:`choose` and :meth:`observe` are called once per
-    request and round by the loop (:func:`~dspark_kernels.engine.speculative.speculative_generate`).
+    request and round, in that order, by the loop (:func:`~dspark_kernels.engine.speculative.speculative_generate`).
     """
 
-    def __init__(self, costs: RoundCosts, decay: float = 0.9, prior_alpha: float = 0.75,
-                 prior_weight: float = 4.0) -> None:
+    def __init__(self, costs: RoundCosts, decay: float = 0.9, prior_alpha: float = 0.75, prior_weight: float = 4.0,
+                 probe_wait: int = 4, max_probe_wait: int = 64) -> None:
         if not isinstance(costs, RoundCosts):
             raise TypeError(f"costs must be a RoundCosts, got {type(costs).__name__}")
         if not 0 < decay < 1:
@@ -78,23 +83,33 @@ class AdaptiveDraftLength:
             raise ValueError(f"prior_alpha must be in (0, 1), got {prior_alpha!r}")
         if not prior_weight > 0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
-        self.costs, self.decay = costs, decay
+        if not (isinstance(probe_wait, int) and isinstance(max_probe_wait, int) and 1 <= probe_wait <= max_probe_wait):
+            raise ValueError(f"need ints 1 <= probe_wait <= max_probe_wait, got {probe_wait!r}, {max_probe_wait!r}")
+        self.costs, self.decay, self.prior_alpha = costs, decay, prior_alpha
         self.prior = (prior_alpha * prior_weight, (1 - prior_alpha) * prior_weight)
+        self.probe_wait, self.max_probe_wait = probe_wait, max_probe_wait
         self._accepted: list[float] = []
         self._rejected: list[float] = []
+        self._wait: list[int] = []  # plain steps left before the next probe
+        self._backoff: list[int] = []  # the wait set after the next unsuccessful probe
+        self._probing: list[bool] = []
+        self._gamma = 0
 
     def start(self, n: int) -> None:
         """Forget everything; ``n`` requests, each at the prior."""
         self._accepted = [self.prior[0]] * n
         self._rejected = [self.prior[1]] * n
+        self._wait = [self.probe_wait] * n
+        self._backoff = [self.probe_wait] * n
+        self._probing = [False] * n
 
     def alpha(self, i: int) -> float:
         """Request ``i``'s current acceptance-rate estimate."""
         return self._accepted[i] / (self._accepted[i] + self._rejected[i])
 
-    def choose(self, i: int, gamma: int) -> int:
-        """Draft length in ``0..gamma`` for request ``i``: the most expected tokens per cost (ties: the shorter)."""
-        alpha = self.alpha(i)
+    def best_length(self, alpha: float, gamma: int) -> int:
+        """The ``k`` in ``0..gamma`` with the most expected tokens per cost at acceptance rate ``alpha`` (ties: the
+        shorter)."""
         best_k, best_rate = 0, 1.0 / self.costs.of(0)
         tau, term = 1.0, 1.0
         for k in range(1, gamma + 1):
@@ -105,16 +120,28 @@ class AdaptiveDraftLength:
                 best_k, best_rate = k, rate
         return best_k
 
+    def choose(self, i: int, gamma: int) -> int:
+        """Draft length in ``0..gamma`` for request ``i`` this round: the best length for its estimate, or, while
+        that is 0, a probe at the prior's length once its wait is over."""
+        self._gamma = gamma
+        k = self.best_length(self.alpha(i), gamma)
+        self._probing[i] = k == 0 and self._wait[i] == 0
+        return self.best_length(self.prior_alpha, gamma) if self._probing[i] else k
+
     def observe(self, i: int, verified: int, accepted: int) -> None:
-        """Request ``i``'s round verified ``verified`` drafts and accepted the first ``accepted`` of them
-        (``verified = 0``: it did not draft; the estimate moves towards the prior)."""
-        d = self.decay
+        """Request ``i``'s round (the one :meth:`choose` was last asked for) verified ``verified`` drafts and
+        accepted the first ``accepted`` of them."""
         if verified == 0:
-            self._accepted[i] = d * self._accepted[i] + (1 - d) * self.prior[0]
-            self._rejected[i] = d * self._rejected[i] + (1 - d) * self.prior[1]
-        else:
-            self._accepted[i] = d * self._accepted[i] + accepted
-            self._rejected[i] = d * self._rejected[i] + (1.0 if accepted < verified else 0.0)
+            self._wait[i] = max(self._wait[i] - 1, 0)
+            return
+        d = self.decay
+        self._accepted[i] = d * self._accepted[i] + accepted
+        self._rejected[i] = d * self._rejected[i] + (1.0 if accepted < verified else 0.0)
+        pays = self.best_length(self.alpha(i), self._gamma) > 0
+        if self._probing[i]:  # a probe: drafting pays again (the next stop waits the least), or wait twice as long
+            self._backoff[i] = self.probe_wait if pays else min(2 * self._backoff[i], self.max_probe_wait)
+        if not pays:
+            self._wait[i] = self._backoff[i]
 
 
 def measure_round_costs(target: CausalLM, drafter: Drafter, prompt: Sequence[int], gamma: int,
