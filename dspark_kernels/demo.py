@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .engine.draft_length import AdaptiveDraftLength, measure_round_costs
+from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
 from .models.drafter_api import load_drafter
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
-    p.add_argument("--draft-length", choices=("adaptive", "fixed"), default="adaptive",
+    p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive",
                    help="adaptive: each round's length from the measured round costs and the acceptance so far")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.gamma is None:
-        args.gamma = 15 if args.draft_length == "adaptive" else 7
-    if not 1 <= args.gamma <= 16 or (args.draft_length == "adaptive" and args.gamma < 2):
-        p.error(f"--gamma must be in 1..16 (2..16 with --draft-length adaptive), got {args.gamma}")
+    try:
+        args.gamma = cli_gamma(args.gamma, args.draft_length)
+    except ValueError as e:
+        p.error(str(e))
 
     t_load = time.perf_counter()
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)

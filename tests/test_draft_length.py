@@ -10,7 +10,7 @@
 
 import pytest
 
-from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts, measure_round_costs
+from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts, cli_gamma, measure_round_costs
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate
 from tests.lossless import assert_follows_target
@@ -82,6 +82,17 @@ def test_stops_drafting_then_probes_with_doubling_waits():
         sched.observe(0, k, 0)
     sched.observe(0, 0, 0)
     assert _plain_steps_until_probe(sched, 0)[0] + 1 == 4
+
+
+def test_cli_gamma_defaults_and_range():
+    assert cli_gamma(None, "adaptive") == 15 and cli_gamma(None, "fixed") == 7
+    assert cli_gamma(1, "fixed") == 1 and cli_gamma(16, "adaptive") == 16
+    with pytest.raises(ValueError, match="2..16 with --draft-length adaptive"):
+        cli_gamma(1, "adaptive")
+    with pytest.raises(ValueError, match="1..16 with --draft-length fixed"):
+        cli_gamma(17, "fixed")
+    with pytest.raises(ValueError, match="--draft-length must be one of"):
+        cli_gamma(7, "sometimes")
 
 
 def test_bad_arguments():

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..demo import PROMPTS
-from ..engine.draft_length import AdaptiveDraftLength, measure_round_costs
+from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
 from ..models.drafter_api import load_drafter
@@ -154,7 +154,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
-    p.add_argument("--draft-length", choices=("adaptive", "fixed"), default="adaptive")
+    p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive")
     p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="0 skips prompt-lookup decoding")
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
@@ -169,10 +169,7 @@ def main(args: argparse.Namespace) -> dict:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.gamma is None:
-        args.gamma = 15 if args.draft_length == "adaptive" else 7
-    if not 1 <= args.gamma <= 16 or (args.draft_length == "adaptive" and args.gamma < 2):
-        raise ValueError(f"--gamma must be in 1..16 (2..16 with --draft-length adaptive), got {args.gamma}")
+    args.gamma = cli_gamma(args.gamma, args.draft_length)
     result = run(args)
     table = markdown(result)
     print(table)

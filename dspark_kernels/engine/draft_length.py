@@ -33,10 +33,25 @@ from dataclasses import dataclass
 import torch
 
 from ..models import CausalLM
+from ..models.drafter import MAX_GAMMA
 from ..models.drafter_api import Drafter
 from ._common import PendingContext, Sampling, draft, no_drafts, prefill, verify_round
 
-__all__ = ["AdaptiveDraftLength", "RoundCosts", "measure_round_costs"]
+__all__ = ["DRAFT_LENGTH_MODES", "AdaptiveDraftLength", "RoundCosts", "cli_gamma", "measure_round_costs"]
+
+DRAFT_LENGTH_MODES = {"adaptive": 15, "fixed": 7}  # mode -> default gamma (the most drafted, or every round's)
+
+
+def cli_gamma(gamma: int | None, mode: str) -> int:
+    """A command line's ``--gamma`` for ``--draft-length mode``: its default when ``None``; ``ValueError`` unless it is
+    in ``1..MAX_GAMMA`` (from 2 adaptive: :func:`measure_round_costs` fits two lengths)."""
+    if mode not in DRAFT_LENGTH_MODES:
+        raise ValueError(f"--draft-length must be one of {sorted(DRAFT_LENGTH_MODES)}, got {mode!r}")
+    gamma = DRAFT_LENGTH_MODES[mode] if gamma is None else gamma
+    low = 2 if mode == "adaptive" else 1
+    if not low <= gamma <= MAX_GAMMA:
+        raise ValueError(f"--gamma must be in {low}..{MAX_GAMMA} with --draft-length {mode}, got {gamma}")
+    return gamma
 
 
 @dataclass(frozen=True)
