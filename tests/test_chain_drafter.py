@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 
+from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
@@ -159,6 +160,17 @@ def test_greedy_speculative_equals_target_greedy(target, trained, name, gamma):
     assert spec.rounds > 0 and 1.0 <= spec.tau <= gamma + 1
     if name != "random":
         assert spec.accept_hist[-1] > 0  # trained: whole chains get accepted (multi-step rollback exercised)
+
+
+@pytest.mark.parametrize("name", ["eagle", "random"])
+def test_greedy_adaptive_draft_length_equals_target_greedy(target, trained, name):
+    drafter = trained[name] if name in trained else make_drafter(target)
+    prompts = [PROMPTS[0], [1, 40], [1] + list(range(20, 45)), PROMPTS[5]]
+    ar = generate(target, prompts, 20, temperature=0.0)
+    sched = AdaptiveDraftLength(RoundCosts(0.3, 0.05), decay=0.7)
+    spec = speculative_generate(target, drafter, prompts, 20, 4, temperature=0.0, draft_length=sched)
+    assert spec.tokens == ar.tokens
+    assert sum(1 for row in spec.round_hist if sum(row)) >= 2  # chains of more than one length (or plain steps)
 
 
 def test_greedy_with_eos_and_triton_path(target, trained):

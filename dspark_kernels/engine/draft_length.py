@@ -173,12 +173,12 @@ def measure_round_costs(target: CausalLM, drafter: Drafter, prompt: Sequence[int
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not prompt:
         raise ValueError("prompt must hold at least one token")
-    plain, one, full = (_median_round_seconds(target, drafter, list(prompt), k, repeats) for k in (0, 1, gamma))
+    plain, one, full = (_fastest_round_seconds(target, drafter, list(prompt), k, repeats) for k in (0, 1, gamma))
     per_token = max(full - one, 0.0) / (gamma - 1)
     return RoundCosts(fixed=max(one - per_token - plain, 0.0) / plain, per_token=per_token / plain)
 
 
-def _median_round_seconds(target: CausalLM, drafter: Drafter, prompt: list[int], k: int, repeats: int) -> float:
+def _fastest_round_seconds(target: CausalLM, drafter: Drafter, prompt: list[int], k: int, repeats: int) -> float:
     """Fastest of ``repeats`` greedy batch-1 rounds of ``k`` drafts (0: plain steps) after two warm-ups, seconds."""
     dev, page, warmup = target.device, 16, 2
     pages = -(-(len(prompt) + (repeats + warmup) * (k + 1) + k + 1) // page)
