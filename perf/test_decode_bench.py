@@ -1,5 +1,8 @@
 """End-to-end decode: the shipped target alone (AR) vs speculative decoding with each shipped block/chain drafter.
 
+``dspark_adaptive`` is DSpark with the adaptive draft length (at most 15 a round; round costs measured when the case
+starts, :mod:`dspark_kernels.engine.draft_length`); the other drafters draft ``GAMMA`` every round.
+
 Batch 1, greedy, one code prompt, ``NEW`` tokens, the same process and the same thread count for every method, so the
 records compare side by side. ``extra_info`` adds the measured tokens/s, the target forwards (steps) and tau; the
 roofline figures are the target's weights read once per forward (``bytes``) and ``2 * params`` FLOPs per token the
@@ -12,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_kernels.engine.draft_length import AdaptiveDraftLength, measure_round_costs
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
@@ -19,7 +23,7 @@ from dspark_kernels.train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
 from perf.roofline import record
 
 ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
-NEW, GAMMA = 48, 7
+NEW, GAMMA, ADAPTIVE_MAX = 48, 7, 15
 PROMPT = "import os\n\n\ndef list_python_files(root):\n"
 
 
@@ -30,7 +34,7 @@ def models(request):
     return target, ids, request.param
 
 
-@pytest.mark.parametrize("method", ["ar", "dspark", "dflash", "eagle"])
+@pytest.mark.parametrize("method", ["ar", "dspark", "dspark_adaptive", "dflash", "eagle"])
 def test_decode(benchmark, models, method):
     target, ids, gemm_dtype = models
     # weights read per forward: everything but the embedding table (the LM head counts, tied or not)
@@ -41,16 +45,24 @@ def test_decode(benchmark, models, method):
         def run():
             return generate(target, [ids], NEW, eos_token_id=EOS_ID)
     else:
-        drafter = load_drafter(ASSETS / "drafters" / method, target, gemm_dtype=gemm_dtype)
+        drafter = load_drafter(ASSETS / "drafters" / method.removesuffix("_adaptive"), target, gemm_dtype=gemm_dtype)
+        gamma, schedule = GAMMA, None
+        if method.endswith("_adaptive"):
+            gamma = ADAPTIVE_MAX
+            speculative_generate(target, drafter, [ids], 8, gamma, eos_token_id=EOS_ID)  # warm the drafter up first
+            schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, ids, gamma))
 
         def run():
-            return speculative_generate(target, drafter, [ids], NEW, GAMMA, eos_token_id=EOS_ID)
+            return speculative_generate(target, drafter, [ids], NEW, gamma, eos_token_id=EOS_ID, draft_length=schedule)
 
     res = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     steps = res.steps
-    processed = len(ids) + (res.num_generated if method == "ar" else steps * (GAMMA + 1))
-    record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": GAMMA, "batch": 1,
-                              "gemm_dtype": gemm_dtype},
+    if method == "ar":
+        processed = len(ids) + res.num_generated
+    else:  # the prompt, then every round's anchor and verified drafts
+        processed = len(ids) + sum((l_r + 1) * n for l_r, row in enumerate(res.round_hist) for n in row)
+    record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": GAMMA if method == "ar" else gamma,
+                              "batch": 1, "gemm_dtype": gemm_dtype},
            bytes_moved=steps * weight_bytes, flops=2.0 * params * processed, impl="torch")
     benchmark.extra_info.update({"steps": steps, "tau": getattr(res, "tau", 1.0), "threads": torch.get_num_threads()})
     if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)
