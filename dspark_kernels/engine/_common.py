@@ -1,4 +1,4 @@
-"""Pieces shared by the fixed-gamma loop (:mod:`.speculative`) and the continuous-batching engine (:mod:`.engine`).
+"""Pieces shared by the fixed-batch loop (:mod:`.speculative`) and the continuous-batching engine (:mod:`.engine`).
 
 * :class:`Sampling`: per-request sampling parameters and seeds of one batch, as device tensors ``[R]``;
 * :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
