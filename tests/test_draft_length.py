@@ -128,6 +128,15 @@ def test_greedy_adaptive_equals_target_greedy(target, kind, rank, costs):  # noq
         assert plain == 0 and sum(spec.round_hist[7]) > spec.rounds / 2
 
 
+def test_greedy_adaptive_triton_path_with_eos(target):  # noqa: F811
+    drafter = make_drafter(target)
+    prompts = [[1, 7, 8], [1, 30, 31, 32]]
+    ar = generate(target, prompts, 12, temperature=0.0, eos_token_id=17)
+    spec = speculative_generate(target, drafter, prompts, 12, 5, temperature=0.0, eos_token_id=17, impl="triton",
+                                draft_length=AdaptiveDraftLength(RoundCosts(0.3, 0.05), decay=0.7))
+    assert spec.tokens == ar.tokens and spec.finish_reasons == ar.finish_reasons
+
+
 def test_sampled_adaptive_is_lossless_with_mixed_lengths(target):  # noqa: F811
     drafter = make_drafter(target)
     prompt, n, steps, gamma = [1, 11, 12], 3000, 4, 4
