@@ -129,6 +129,54 @@ def test_sampled_engine_is_lossless(target, drafter, policy):  # noqa: F811
     assert_follows_target(target, prompt, tokens, 1.0, steps)
 
 
+def test_draft_widths_follow_each_policy():
+    profile = linear_profile(4 * (GAMMA + 1), 6.0)
+    fixed = make_policy("fixed3")
+    fixed.bind(profile, GAMMA, 4)
+    assert fixed.drafts([0, 1], 0) and fixed.draft_width([0, 1], 0) == 3  # a fixed-k engine drafts its k
+    smart = make_policy("smartspec")
+    smart.bind(profile, GAMMA, 4)
+    if smart.drafts([0, 1], 0):  # k is decided before the draft, and the draft is k wide
+        assert smart.draft_width([0, 1], 0) == int(smart.choose(None, [0, 1], 0)[0]) > 0
+    smart.alpha, smart._alpha_dev, smart._step = 0.01, None, None  # acceptance collapsed: k = 0, a plain step
+    assert not smart.drafts([0, 1], 20)
+    alg1 = make_policy("dspark")
+    alg1.bind(profile, GAMMA, 4)
+    assert alg1.draft_width([0, 1], 0) == GAMMA  # nothing chosen yet
+    alg1._next_width(torch.tensor([1, 0]), GAMMA)
+    assert alg1.draft_width([0, 1], 1) == 2  # one more than the longest choice
+    alg1._next_width(torch.tensor([0, 2]), 2)
+    assert alg1.draft_width([0, 1], 2) == 4  # the longest filled the width: doubles (capped at gamma)
+    threshold = make_policy("threshold0.5")
+    threshold.bind(profile, GAMMA, 4)
+    threshold.choose(torch.full((2, GAMMA), -5.0), [0, 1], 0)
+    assert threshold.draft_width([0, 1], 1) == GAMMA  # per-request: never narrowed by the batch
+
+
+def test_engine_drafts_the_policy_width_and_stays_exact(target, drafter, monkeypatch):  # noqa: F811
+    from dspark_kernels.engine import engine as engine_module
+
+    widths = []
+    real = engine_module.draft
+
+    def record(drafter_, dstate, live, anchors, gamma, samp, impl, context=None):
+        widths.append(gamma)
+        return real(drafter_, dstate, live, anchors, gamma, samp, impl, context=context)
+
+    monkeypatch.setattr(engine_module, "draft", record)
+    ar = generate(target, PROMPTS, 16, temperature=0.0)
+    eng = engine(target, drafter, "dspark", max_batch=3)
+    out = run_closed_loop(eng, PROMPTS, 3, 16)
+    assert [eng.requests[i].tokens for i in out["rids"]] == ar.tokens
+    assert widths[0] == GAMMA and min(widths) < GAMMA  # the width adapts after the first round
+    pairs = eng.metrics()["calibration_pairs"]
+    assert pairs["position"].max() < GAMMA and pairs["conf_logits"].shape == pairs["accepted"].shape
+    widths.clear()
+    eng = engine(target, drafter, "fixed3", max_batch=3)
+    run_closed_loop(eng, PROMPTS, 3, 16)
+    assert set(widths) == {3}
+
+
 def flat_profile(max_b: int, rate: float) -> SPSProfile:
     sizes = tuple(range(1, max_b + 1))
     return SPSProfile("test", "tiny-plain", sizes, ((rate,) * max_b,), source="modelled")
@@ -264,7 +312,7 @@ def test_gate_prior_is_checked_and_replaced_by_the_first_drafted_round():
     policy = make_policy("dspark+gate", prior_survival=[0.9] * GAMMA)
     policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))
     assert policy.drafts([0, 1], 0)  # drafting pays on the prior alone: the first round drafts
-    policy._remember(torch.full((2 * GAMMA,), 0.1), 2, 0)
+    policy._remember(torch.full((2 * GAMMA,), 0.1), 2, GAMMA, 0)
     assert policy._mean_survival == pytest.approx([0.1] * GAMMA)  # a measurement replaces the prior
 
 
@@ -272,10 +320,10 @@ def test_gate_mean_survival_is_a_plain_mean_before_the_ema():
     policy = make_policy("dspark+gate")
     policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1.0))
     for i, v in enumerate([0.2, 0.8, 0.5]):
-        policy._remember(torch.full((2 * GAMMA,), v), 2, i)
+        policy._remember(torch.full((2 * GAMMA,), v), 2, GAMMA, i)
     assert policy._mean_survival == pytest.approx([0.5] * GAMMA)
     for i in range(3, 30):
-        policy._remember(torch.full((2 * GAMMA,), 1.0), 2, i)
+        policy._remember(torch.full((2 * GAMMA,), 1.0), 2, GAMMA, i)
     # rounds 1..10 (weight 1 / n): the plain mean of 0.5 x 3 and 1 x 7 = 0.85; rounds 11..30 weigh GATE_EMA each
     assert policy._mean_survival[0] == pytest.approx(1 - 0.15 * (1 - policy.GATE_EMA) ** 20)
 
@@ -289,6 +337,9 @@ class _DraftFrom(FixedK):
 
     def drafts(self, live, step):
         return step >= self.start
+
+    def draft_width(self, live, step):
+        return self.gamma
 
 
 @pytest.mark.parametrize("which", ["block", "chain"])

@@ -4,12 +4,12 @@
 
 1. a prefill forward for the queued requests that fit under ``max_batch`` (one ragged forward; their first token
    comes from the prefill logits, noise round 0), then
-2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's
-   ``drafts(live, step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts
-   ``gamma`` tokens per request, the policy picks ``l_r`` in 0..gamma, the target verifies ``[anchor, d_1 .. d_{l_r}]``
-   of all requests in ONE ragged forward, :func:`rejection_sample` accepts a prefix (draft-probability rows of the
-   verified drafts only), the target cache drops the rejected drafts and the drafter's context grows by the kept
-   tokens.
+2. one draft/verify round for every live request, the just-prefilled ones included: unless the policy's ``drafts(live,
+   step)`` says no (then the round is a plain decode step: no draft, ``l_r = 0``), the drafter drafts ``w =
+   draft_width(live, step)`` (at most ``gamma``) tokens per request, the policy picks ``l_r`` in 0..w from their
+   confidences, the target verifies ``[anchor, d_1 .. d_{l_r}]`` of all requests in ONE ragged forward,
+   :func:`rejection_sample` accepts a prefix (draft-probability rows of the verified drafts only), the target cache
+   drops the rejected drafts and the drafter's context grows by the kept tokens.
 
 The drafter's context is extended lazily: the prompt's and every round's committed tokens (with their target
 features) wait per request (:class:`~._common.PendingContext`) until the request's next drafting round, whose draft
@@ -101,8 +101,8 @@ class _Metrics:
     def calibration_pairs(self) -> dict[str, np.ndarray]:
         """Verified drafts only: ``conf_logits``, ``accepted`` (0/1) and 0-based ``position``, each ``[M]``."""
         logits, labels, positions = [], [], []
-        for conf, lens, acc in self.pairs:
-            pos = torch.arange(self.gamma, device=conf.device)[None, :].expand_as(conf)
+        for conf, lens, acc in self.pairs:  # conf [R, width] of each drafted round
+            pos = torch.arange(conf.shape[1], device=conf.device)[None, :].expand_as(conf)
             mask = pos < lens[:, None]
             logits.append(conf[mask].float().cpu())
             labels.append((pos < acc[:, None])[mask].cpu())
@@ -233,16 +233,19 @@ class Engine:
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
         drafting = self.policy.drafts(live, self.steps)
         if drafting:
-            drafted = draft(self.drafter, self.dstate, live, anchors, gamma, samp, self.impl,
+            width = self.policy.draft_width(live, self.steps)
+            if not (isinstance(width, int) and 1 <= width <= gamma):
+                raise ValueError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
+            drafted = draft(self.drafter, self.dstate, live, anchors, width, samp, self.impl,
                             context=self._pending.take(live, dev))
-            conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, gamma)
+            conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, width)
             lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
         else:  # a plain decode step: nothing drafted, nothing to verify
-            drafted = no_drafts(r, gamma, dev)
+            width, drafted = 1, no_drafts(r, 1, dev)
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
-        rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, gamma, samp,
-                           m.pos_accepted, m.pos_verified, self.impl)
+        rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, width, samp,
+                           m.pos_accepted[:width], m.pos_verified[:width], self.impl)
         self._pending.add(live, rnd.kept)
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)

@@ -13,24 +13,29 @@ profile, a round of R requests verifying B tokens is modelled to take ``1 / SPS(
 round is taken as free (a GPU, where it is a few percent of a step) or as already inside ``sps_profile``. ``live``
 are the requests' ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
 
-Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no, the round is a plain decode step
-(no draft, verify length 0). ``none`` never drafts. The gated DSpark policies (``dspark+gate``,
-``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft round of the live
-requests included against the target's plain rate, with the expected accepted length from the running mean of the
-calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is
-given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first round,
-which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to
+Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no, the round is a plain decode step (no
+draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_width(live, step)`` says how many slots
+(1..gamma) the drafter fills for every live request, and ``choose`` gets ``conf_logits [R, width]``: a fixed-k policy
+drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
+and Algorithm 1 and the production variant one more slot than the longest verify length they chose in their previous
+drafted round, doubling while the longest choice fills every slot (the first round drafts ``gamma``). The width depends
+on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated DSpark policies
+(``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft
+round of the live requests included against the target's plain rate, with the expected accepted length from the running
+mean of the calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior
+when one is given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first
+round, which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to
 refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
-``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would
-have to grow by a third, which one more probe will not show); the first measurement (the prior, or the first round)
-counts as a probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``) also reports every
-round's wall time and emitted tokens (``policy.observe_round``); the gate then compares measured rates where it has
-them (tokens/s of drafted rounds and of plain steps at the live request count, running means) and the modelled ones
-where it does not, because the profiles leave out the engine's own work around a round (sampling, bookkeeping, a
-drafter whose caches the target forward evicted). The engine keeps the committed tokens for the drafter's context
-until the next drafting round takes them in, so a closed gate costs no drafter work at all. On a GPU the draft round
-is a few percent of a step and the gate stays open; where drafting costs about a decode step (this repository's CPU)
-it is what keeps speculation from falling below plain decoding.
+``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would have to
+grow by a third, which one more probe will not show); the first measurement (the prior, or the first round) counts as a
+probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``) also reports every round's wall time and
+emitted tokens (``policy.observe_round``); the gate then compares measured rates where it has them (tokens/s of drafted
+rounds and of plain steps at the live request count, running means) and the modelled ones where it does not, because the
+profiles leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target
+forward evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes
+them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate
+stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling
+below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -126,11 +131,17 @@ class Policy:
         """Whether the engine should draft this round (False: a plain decode step). Default: always."""
         return True
 
+    def draft_width(self, live: Sequence, step: int) -> int:
+        """How many draft slots (1..gamma) every live request gets this round (asked after :meth:`drafts` said yes).
+        Default: gamma."""
+        return self.gamma
+
     def _confidence(self, conf_logits: torch.Tensor | None, r: int) -> torch.Tensor:
         if conf_logits is None:
             raise ValueError(f"policy {self.name!r} needs a drafter with a confidence head (got no confidences)")
-        if conf_logits.shape != (r, self.gamma):
-            raise ValueError(f"conf_logits must be [R, gamma] = [{r}, {self.gamma}], got {list(conf_logits.shape)}")
+        if conf_logits.dim() != 2 or conf_logits.shape[0] != r or not 1 <= conf_logits.shape[1] <= self.gamma:
+            raise ValueError(f"conf_logits must be [R, width] with R = {r} and width in 1..gamma = {self.gamma}, got "
+                             f"{list(conf_logits.shape)}")
         if not bool(torch.isfinite(conf_logits).all()):
             raise ValueError(f"policy {self.name!r}: confidence logits contain NaN or inf")
         return conf_logits.float()
@@ -164,6 +175,9 @@ class FixedK(Policy):
 
     def drafts(self, live, step):
         return self.k > 0
+
+    def draft_width(self, live, step):
+        return min(self.k, self.gamma)
 
 
 def _calibrated(conf: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
@@ -214,6 +228,7 @@ class _Confident(Policy):
         self._probed = False  # the last drafted round was a probe whose outcome has not set the next wait yet
         self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
         self._rates: dict[tuple[int, bool], float] = {}  # measured tokens/s by (live requests, drafted)
+        self._width: int | None = None  # the next round's draft width (None: gamma)
 
     def bind(self, profile, gamma, max_batch, draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile)
@@ -226,7 +241,17 @@ class _Confident(Policy):
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
-        self._gains, self._rates = {}, {}
+        self._gains, self._rates, self._width = {}, {}, None
+
+    def draft_width(self, live, step):
+        """``gamma`` until a policy that adapts its width (Algorithm 1, production) has chosen once."""
+        return self.gamma if self._width is None else self._width
+
+    def _next_width(self, lens: torch.Tensor, width: int) -> None:
+        """The next round's width from this round's verify lengths ``lens [R]`` out of ``width`` drafted slots: one
+        more than the longest, or twice the width when the longest filled it (at most gamma)."""
+        longest = int(lens.max()) if lens.numel() else 0
+        self._width = min(self.gamma, 2 * width if longest >= width else longest + 1)
 
     def observe_round(self, r, drafted, seconds, emitted):
         if not self.gate or seconds <= 0:
@@ -273,21 +298,23 @@ class _Confident(Policy):
 
     def _round_inputs(self, conf_logits: torch.Tensor | None, live: Sequence, step: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The round's calibrated prefix survival ``a [R * gamma]``, its offsets ``cu [R + 1]`` and the step table
+        """The round's calibrated prefix survival ``a [R * width]``, its offsets ``cu [R + 1]`` and the step table
         of ``R`` live requests on ``a``'s device; the gate's running mean takes ``a`` in."""
-        a, cu = _survival(self._confidence(conf_logits, len(live)), self.temperatures)
-        self._remember(a, len(live), step)
+        conf = self._confidence(conf_logits, len(live))
+        a, cu = _survival(conf, self.temperatures)
+        self._remember(a, len(live), conf.shape[1], step)
         return a, cu, self.step_table(len(live)).to(a.device)
 
-    def _remember(self, a: torch.Tensor, r: int, step: int) -> None:
-        """Fold this drafted round's survival ``a [R * gamma]`` into the running mean (gated policies only)."""
+    def _remember(self, a: torch.Tensor, r: int, width: int, step: int) -> None:
+        """Fold this drafted round's survival ``a [R * width]`` into the running mean of its first ``width``
+        positions (gated policies only; later positions keep their earlier mean)."""
         if not self.gate:
             return
-        mean = a.view(r, self.gamma).mean(dim=0).tolist()  # one read per drafted round, not per step
+        mean = a.view(r, width).mean(dim=0).tolist()  # one read per drafted round, not per step
         self._drafted_rounds += 1
         w = max(1.0 / self._drafted_rounds, self.GATE_EMA)
-        old = self._mean_survival or mean
-        self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)]
+        old = self._mean_survival or mean + [0.0] * (self.gamma - width)
+        self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)] + old[width:]
         self._gains = {}
         self._last_drafted = step
 
@@ -313,7 +340,9 @@ class DSpark(_Confident):
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
-        return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
+        lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
+        self._next_width(lens, conf_logits.shape[1])
+        return lens
 
 
 class DSparkProd(_Confident):
@@ -341,6 +370,7 @@ class DSparkProd(_Confident):
             k = capacity_unconstrained(stale_a, stale_cu, table, check_inputs=False)
             lens = select_verify_lengths_topk(a, cu, k, check_inputs=False)
         self._history.append((a, cu))
+        self._next_width(lens, conf_logits.shape[1])
         return lens.long()
 
 
@@ -355,6 +385,7 @@ class SmartSpec(Policy):
     def __init__(self, alpha0: float = 0.7, ema: float = 0.1, period: int = 20, prior: float = 1.1) -> None:
         self.alpha, self.ema, self.period, self.prior = alpha0, ema, period, prior
         self._k: int | None = None
+        self._step: int | None = None  # the step k was last updated for
         self._alpha_dev: torch.Tensor | None = None
 
     def _decide(self, r: int) -> int:
@@ -371,11 +402,27 @@ class SmartSpec(Policy):
             best_k, best = k, g
         return best_k
 
-    def choose(self, conf_logits, live, step, realised=None):
+    def _update(self, live: Sequence, step: int) -> None:
+        """Re-decide ``k`` at the first call of every ``period``-th step (and at the first step)."""
+        if self._step == step:
+            return
+        self._step = step
         if self._k is None or step % self.period == 0:
             if self._alpha_dev is not None:
                 self.alpha = float(self._alpha_dev)
             self._k = self._decide(len(live))
+
+    def drafts(self, live, step):
+        """The batch's ``k`` is decided before the draft (the live engine asks here first): ``k = 0`` is a plain
+        step, otherwise ``k`` slots are drafted."""
+        self._update(live, step)
+        return self._k > 0
+
+    def draft_width(self, live, step):
+        return self._k
+
+    def choose(self, conf_logits, live, step, realised=None):
+        self._update(live, step)  # the replay asks here only
         return torch.full((len(live),), self._k, dtype=torch.int64, device=_device(conf_logits))
 
     def observe(self, accepted, verify_lens):
