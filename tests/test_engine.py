@@ -143,10 +143,12 @@ def test_draft_widths_follow_each_policy():
     alg1 = make_policy("dspark")
     alg1.bind(profile, GAMMA, 4)
     assert alg1.draft_width([0, 1], 0) == GAMMA  # nothing chosen yet
-    alg1._next_width(torch.tensor([1, 0]), GAMMA)
-    assert alg1.draft_width([0, 1], 1) == 2  # one more than the longest choice
-    alg1._next_width(torch.tensor([0, 2]), 2)
-    assert alg1.draft_width([0, 1], 2) == 4  # the longest filled the width: doubles (capped at gamma)
+    alg1._next_width(torch.tensor([1, 0, 0, 0]), GAMMA)
+    assert alg1.draft_width([0, 1], 1) == 2  # one more than the mean choice, rounded up
+    alg1._next_width(torch.tensor([2, 0, 0, 0]), 2)
+    assert alg1.draft_width([0, 1], 2) == 2  # one long choice does not widen the whole batch
+    alg1._next_width(torch.tensor([2, 2, 1, 2]), 2)
+    assert alg1.draft_width([0, 1], 3) == 4  # the mean nearly fills the width: doubles (capped at gamma)
     threshold = make_policy("threshold0.5")
     threshold.bind(profile, GAMMA, 4)
     threshold.choose(torch.full((2, GAMMA), -5.0), [0, 1], 0)

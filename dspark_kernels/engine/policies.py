@@ -17,15 +17,15 @@ Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no,
 draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_width(live, step)`` says how many slots
 (1..gamma) the drafter fills for every live request, and ``choose`` gets ``conf_logits [R, width]``: a fixed-k policy
 drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
-and Algorithm 1 and the production variant one more slot than the longest verify length they chose in their previous
-drafted round, doubling while the longest choice fills every slot (the first round drafts ``gamma``). The width depends
-on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated DSpark policies
-(``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the draft
-round of the live requests included against the target's plain rate, with the expected accepted length from the running
-mean of the calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior
-when one is given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first
-round, which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to
-refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
+and Algorithm 1 and the production variant one more slot than the mean verify length (rounded up) they chose in their
+previous drafted round, doubling while that mean nearly fills the width (the first round drafts ``gamma``). The width
+depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated DSpark
+policies (``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the
+draft round of the live requests included against the target's plain rate, with the expected accepted length from the
+running mean of the calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a
+prior when one is given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the
+first round, which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE``
+steps to refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
 ``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would have to
 grow by a third, which one more probe will not show); the first measurement (the prior, or the first round) counts as a
 probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``) also reports every round's wall time and
@@ -249,9 +249,10 @@ class _Confident(Policy):
 
     def _next_width(self, lens: torch.Tensor, width: int) -> None:
         """The next round's width from this round's verify lengths ``lens [R]`` out of ``width`` drafted slots: one
-        more than the longest, or twice the width when the longest filled it (at most gamma)."""
-        longest = int(lens.max()) if lens.numel() else 0
-        self._width = min(self.gamma, 2 * width if longest >= width else longest + 1)
+        more than their mean rounded up, or twice the width when the mean came within half a slot of it (at most
+        gamma). The mean, not the longest: every slot of the width is drafted for every request."""
+        mean = float(lens.float().mean()) if lens.numel() else 0.0
+        self._width = min(self.gamma, 2 * width if mean >= width - 0.5 else int(-(-mean // 1)) + 1)
 
     def observe_round(self, r, drafted, seconds, emitted):
         if not self.gate or seconds <= 0:
