@@ -49,6 +49,7 @@ Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -252,7 +253,7 @@ class _Confident(Policy):
         more than their mean rounded up, or twice the width when the mean came within half a slot of it (at most
         gamma). The mean, not the longest: every slot of the width is drafted for every request."""
         mean = float(lens.float().mean()) if lens.numel() else 0.0
-        self._width = min(self.gamma, 2 * width if mean >= width - 0.5 else int(-(-mean // 1)) + 1)
+        self._width = min(self.gamma, 2 * width if mean >= width - 0.5 else math.ceil(mean) + 1)
 
     def observe_round(self, r, drafted, seconds, emitted):
         if not self.gate or seconds <= 0:
