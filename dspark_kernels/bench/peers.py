@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.drafters:
         drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.gemm_dtype)
         schedule = None
-        if args.draft_length == "adaptive":
-            speculative_generate(target, drafter, [warm], 8, args.gamma, eos_token_id=EOS_ID, impl=args.impl)
+        if args.draft_length == "adaptive":  # measure_round_costs warms the drafter up itself
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, warm, args.gamma))
             costs[name] = vars(schedule.costs)
         methods[name] = _speculative_runner(target, drafter, args, schedule)
