@@ -52,7 +52,8 @@ class PagedRead:
         """``page_table [n, max_pages]``, ``lens [n]``: read positions ``0 .. length - 1`` of every request."""
         pos = torch.arange(length, device=page_table.device)
         beyond = pos >= lens[:, None]
-        slots = (page_table.long()[:, pos // page_size] * page_size + pos % page_size).masked_fill(beyond, 0)
+        pages = (pos // page_size).clamp(max=max(page_table.shape[1] - 1, 0))  # past the table: masked below
+        slots = (page_table.long()[:, pages] * page_size + pos % page_size).masked_fill(beyond, 0)
         return cls(page_table.shape[0], length, slots.reshape(-1), beyond.reshape(-1).nonzero().squeeze(1))
 
     def gather(self, cache: torch.Tensor) -> torch.Tensor:

@@ -186,6 +186,8 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
+        # attention whose rows do not depend on the batch (reference path; see load_model)
+        self.batch_invariant = False
 
     @property
     def device(self) -> torch.device:
@@ -298,7 +300,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_verify_attention(page_table, cu, seq_lens, cache.page_size, self.config.num_attention_heads,
-                                     impl=impl)
+                                     impl=impl, batch_invariant=self.batch_invariant)
         ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs, max_seqlen_q, plan)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
@@ -315,13 +317,16 @@ class CausalLM(nn.Module):
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               gemm_dtype: torch.dtype | str | None = None) -> CausalLM:
+               gemm_dtype: torch.dtype | str | None = None, batch_invariant: bool = False) -> CausalLM:
     """Load a Qwen3 / Llama checkpoint directory (see :mod:`.checkpoint`) into a :class:`CausalLM` in eval mode.
 
     ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
     when tied to the embedding). The q/k/v and gate/up projections are fused for inference (:mod:`.fused_linear`);
-    the state dict keeps the checkpoint's names."""
+    the state dict keeps the checkpoint's names. ``batch_invariant``: attention through
+    :mod:`reference.batch_invariant_attention` (reference path only), so a token's logits do not depend on how many
+    tokens or requests share its forward: with row-invariant GEMMs, greedy speculative decoding then reproduces greedy
+    AR decoding bit for bit (slower attention; sets :attr:`CausalLM.batch_invariant`)."""
     cfg, sd = load_state_dict(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
@@ -332,4 +337,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     model.load_state_dict(sd, strict=True, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    model.batch_invariant = batch_invariant
     return fuse_projections(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype))

@@ -21,6 +21,11 @@ import triton.language as tl
 
 from ..autotune.store import launch_config
 from ..reference._paged_attention import AttentionPlan
+from ..reference.batch_invariant_attention import (
+    BatchInvariantPlan,
+    batch_invariant_attention,
+    plan_batch_invariant_attention,
+)
 from ..reference.verify_attention import plan_verify_attention as _plan_ref
 from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
@@ -71,7 +76,7 @@ def verify_attention(
     impl: str | None = None,
     check_inputs: bool = True,
     max_seqlen_q: int | None = None,
-    plan: AttentionPlan | None = None,
+    plan: AttentionPlan | BatchInvariantPlan | None = None,
 ) -> torch.Tensor:
     """Ragged causal attention over a paged KV cache; see the module docstring for shapes.
 
@@ -83,16 +88,28 @@ def verify_attention(
     if check_inputs:
         _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
+    if isinstance(plan, BatchInvariantPlan):
+        return batch_invariant_attention(q, k_cache, v_cache, plan, scale)
     if resolve_impl(impl, q.device) == "triton":
         return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q)
     return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, plan)
 
 
 def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                          page_size: int, num_q_heads: int, *, impl: str | None = None) -> AttentionPlan | None:
+                          page_size: int, num_q_heads: int, *, impl: str | None = None,
+                          batch_invariant: bool = False) -> AttentionPlan | BatchInvariantPlan | None:
     """Plan once, run per layer: the reference path's index work (cache slots to gather, padding, causal mask) for
     these lengths, to pass as ``verify_attention(..., plan=)`` to every call that shares them; ``None`` when ``impl``
-    resolves to the Triton kernel, which plans nothing. Reads the lengths on the host."""
+    resolves to the Triton kernel, which plans nothing. Reads the lengths on the host.
+
+    ``batch_invariant``: plan :mod:`reference.batch_invariant_attention` instead, whose output rows do not depend on
+    how many query rows or requests share the call (a decode step and a verify forward give a token the same bits);
+    the calls given this plan run it. Reference path only: ``ValueError`` when ``impl`` resolves to Triton."""
+    if batch_invariant:
+        if resolve_impl(impl, page_table.device) == "triton":
+            raise ValueError("batch_invariant attention runs on the reference path (impl='torch'); the Triton "
+                             "kernel's rounding is not verified to be batch-invariant")
+        return plan_batch_invariant_attention(page_table, cu_seqlens_q, seq_lens, page_size, num_q_heads)
     if resolve_impl(impl, page_table.device) == "triton":
         return None
     return _plan_ref(page_table, cu_seqlens_q, seq_lens, page_size, num_q_heads)

@@ -1,0 +1,138 @@
+"""Batch-invariant verify attention: each query row's output is the same bits however many rows share the call.
+
+The default reference (:func:`~reference.verify_attention.verify_attention_ref`) runs torch's fused CPU attention,
+whose blocking (and so its rounding) depends on the number of query rows and on the batch: the logits of a token
+differ by about 1e-7 between a 1-token decode step and an 8-token verify forward. With bf16 GEMM inputs that becomes a
+bf16 ulp now and then and flips near-ties, so greedy speculative output can drift from greedy AR output. This variant
+fixes the arithmetic of every row instead:
+
+* Queries sit in tiles of ``QUERY_TILE`` rows aligned at absolute positions (position ``p`` is always row
+  ``p % QUERY_TILE`` of tile ``p // QUERY_TILE``), keys in blocks of ``KEY_BLOCK`` aligned at position 0.
+* Every GEMM has one fixed shape, ``[G * QUERY_TILE, D] x [D, KEY_BLOCK]`` for the scores of a (tile, block) pair and
+  ``[G * QUERY_TILE, KEY_BLOCK] x [KEY_BLOCK, D]`` for its values (``G`` = query heads per KV head), on operands in
+  one canonical layout: a row's products never depend on the other rows or on how many pairs the call has.
+* Softmax is two-pass: the row maximum (exact in any order), ``exp``, then per-block sums of the probabilities and of
+  the value products, accumulated over blocks by a sequential scan (``cumsum``). A key past a row's position gets
+  probability exactly 0, so blocks after the row's last visible key add exact zeros and a decode step, a verify block
+  and a prefill give the row the same bits.
+
+It costs more than the fused path (about 2-4x the attention time here, fixed-size tiles for one decoded token): opt
+in with ``load_model(..., batch_invariant=True)``. The GEMMs around it must be row-invariant too (this CPU's bf16
+GEMMs are at 1-16 rows; see README, *Exactness at T = 0*).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._paged_attention import PagedRead, request_groups
+
+QUERY_TILE = 8
+KEY_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class TiledGroupPlan:
+    """One request group of ``n`` requests in ``nq`` query tiles and ``nb`` key blocks each.
+
+    ``rows [n * nq * QUERY_TILE]``: the flat query row of every tile row (padding rows repeat a real one);
+    ``real [k]``: the tile rows that are real queries, in flat-row order; ``out_rows [k]``: their rows in the output;
+    ``cached``: the read of keys ``0 .. nb * KEY_BLOCK - 1``; ``bias [n, nq, nb, QUERY_TILE, KEY_BLOCK]``: 0 where a
+    row may see a key, -inf elsewhere (padding rows see key 0, so no row is empty)."""
+
+    n: int
+    nq: int
+    nb: int
+    rows: torch.Tensor
+    real: torch.Tensor
+    out_rows: torch.Tensor
+    cached: PagedRead
+    bias: torch.Tensor
+
+
+@dataclass(frozen=True)
+class BatchInvariantPlan:
+    """The index work of one batch-invariant attention call (every layer of a forward shares it)."""
+
+    total_q: int
+    page_size: int
+    groups: tuple[TiledGroupPlan, ...]
+
+    def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+        if q.shape[0] != self.total_q or k_cache.shape[1] != self.page_size:
+            raise ValueError(f"plan was made for {self.total_q} query rows and page size {self.page_size}, got "
+                             f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
+
+
+def plan_batch_invariant_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                                   page_size: int, num_q_heads: int) -> BatchInvariantPlan:
+    """Plan :func:`batch_invariant_attention` (arguments as :func:`~reference.verify_attention.verify_attention_ref`
+    plus the cache's page size and the number of query heads)."""
+    dev = page_table.device
+    cu = cu_seqlens_q.long().to(dev)
+    q_lens_t, kv_t = cu[1:] - cu[:-1], seq_lens.long().to(dev)
+    q_lens, kv_lens = q_lens_t.tolist(), kv_t.tolist()
+    total = int(cu[-1]) if q_lens else 0
+    starts = [kv - q for kv, q in zip(kv_lens, q_lens)]  # absolute position of each request's first query
+    tiles = [(s + q - 1) // QUERY_TILE - s // QUERY_TILE + 1 if q else 0 for s, q in zip(starts, q_lens)]
+    padded_q = [t * QUERY_TILE for t in tiles]
+    padded_kv = [-(-kv // KEY_BLOCK) * KEY_BLOCK for kv in kv_lens]
+    groups = []
+    for g in request_groups(padded_q, padded_kv, num_q_heads):
+        nq, nb = max(tiles[g]), max(padded_kv[g]) // KEY_BLOCK
+        if nq == 0:
+            continue
+        n = g.stop - g.start
+        first = torch.tensor([s // QUERY_TILE * QUERY_TILE for s in starts[g]], device=dev)
+        pos = first[:, None] + torch.arange(nq * QUERY_TILE, device=dev)  # [n, nq * QT] absolute positions
+        start, q_len, kv = kv_t[g] - q_lens_t[g], q_lens_t[g], kv_t[g]
+        offset = pos - start[:, None]
+        real = (offset >= 0) & (offset < q_len[:, None])
+        rows = (cu[:-1][g][:, None] + offset.clamp(min=0).minimum((q_len - 1).clamp(min=0)[:, None])).reshape(-1)
+        key = torch.arange(nb * KEY_BLOCK, device=dev)
+        visible = (key <= pos[:, :, None]) & (key < kv[:, None, None])
+        visible |= ~real[:, :, None] & (key == 0)
+        bias = torch.zeros(visible.shape, device=dev).masked_fill_(~visible, float("-inf"))
+        bias = bias.view(n, nq, QUERY_TILE, nb, KEY_BLOCK).transpose(2, 3).contiguous()
+        keep = real.reshape(-1).nonzero().squeeze(1)
+        groups.append(TiledGroupPlan(n, nq, nb, rows.clamp(max=max(total - 1, 0)), keep, rows[keep],
+                                     PagedRead.of(page_table[g], kv, nb * KEY_BLOCK, page_size), bias))
+    return BatchInvariantPlan(total, page_size, tuple(groups))
+
+
+def _tiled_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: TiledGroupPlan,
+                 sm_scale: float) -> torch.Tensor:
+    """Attention of one group's tile rows: ``[n * nq * QUERY_TILE, Hq, D]`` float32 (padding rows included)."""
+    n, nq, nb, qt, bk = g.n, g.nq, g.nb, QUERY_TILE, KEY_BLOCK
+    hq, d = q.shape[1], q.shape[2]
+    hkv = k_cache.shape[2]
+    grp = hq // hkv
+    rows = grp * qt
+    tiles = (q.index_select(0, g.rows).float() * sm_scale).view(n, nq, qt, hkv, grp, d).permute(0, 3, 1, 4, 2, 5)
+    q_op = tiles[:, :, :, None].expand(n, hkv, nq, nb, grp, qt, d).reshape(-1, rows, d).contiguous()
+    keys = g.cached.gather(k_cache).float().view(n, nb, bk, hkv, d).permute(0, 3, 1, 4, 2)  # [n, hkv, nb, d, bk]
+    k_op = keys[:, :, None].expand(n, hkv, nq, nb, d, bk).reshape(-1, d, bk).contiguous()
+    scores = torch.bmm(q_op, k_op).view(n, hkv, nq, nb, grp, qt, bk)
+    scores.add_(g.bias[:, None, :, :, None])
+    probs = scores.sub_(scores.amax(dim=(3, 6), keepdim=True)).exp_()
+    denom = probs.sum(-1).cumsum(3)[:, :, :, -1]  # [n, hkv, nq, grp, qt]: per-block sums, summed block by block
+    values = g.cached.gather(v_cache).float().view(n, nb, bk, hkv, d).permute(0, 3, 1, 2, 4)  # [n, hkv, nb, bk, d]
+    v_op = values[:, :, None].expand(n, hkv, nq, nb, bk, d).reshape(-1, bk, d).contiguous()
+    out = torch.bmm(probs.view(-1, rows, bk), v_op).view(n, hkv, nq, nb, grp, qt, d).cumsum(3)[:, :, :, -1]
+    out = out / denom[..., None]
+    return out.permute(0, 2, 4, 1, 3, 5).reshape(n * nq * qt, hq, d)
+
+
+def batch_invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              plan: BatchInvariantPlan, sm_scale: float) -> torch.Tensor:
+    """Causal attention of each request's new tokens over its paged KV (the contract of
+    :func:`~reference.verify_attention.verify_attention_ref`), with per-row arithmetic that depends only on the row's
+    own query, keys and values. ``q [total_q, Hq, D]``; returns ``[total_q, Hq, D]`` in ``q.dtype`` (math in fp32)."""
+    plan.check(q, k_cache)
+    out = torch.empty_like(q)
+    for g in plan.groups:
+        tile_out = _tiled_group(q, k_cache, v_cache, g, sm_scale)
+        out.index_copy_(0, g.out_rows, tile_out.index_select(0, g.real).to(out.dtype))
+    return out

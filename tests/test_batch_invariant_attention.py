@@ -1,0 +1,102 @@
+"""Batch-invariant verify attention: parity with the dense oracle, bit-identical rows however the call is batched,
+bad input, and greedy speculative decoding equal to greedy AR decoding with bf16 GEMMs."""
+
+import pytest
+import torch
+
+from dspark_kernels.demo import ASSETS
+from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.models import generate, load_model
+from dspark_kernels.models.drafter_api import load_drafter
+from dspark_kernels.ops import plan_verify_attention, verify_attention
+from dspark_kernels.reference.batch_invariant_attention import KEY_BLOCK, QUERY_TILE
+from tests.test_verify_attention import CASES, dense_oracle, make_paged_batch, poison_unused
+
+
+def invariant(q, k_cache, v_cache, page_table, cu, seq_lens):
+    plan = plan_verify_attention(page_table, cu, seq_lens, k_cache.shape[1], q.shape[1], impl="torch",
+                                 batch_invariant=True)
+    return verify_attention(q, k_cache, v_cache, page_table, cu, seq_lens, impl="torch", plan=plan)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)
+def test_matches_dense_oracle(q_lens, kv_lens, hq, hkv, d, page_size):
+    args = make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size)
+    torch.testing.assert_close(invariant(*args), dense_oracle(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_never_reads_outside_the_requests_tokens():
+    """Unused page-table entries point nowhere and stale slots hold NaN: the output is finite and unchanged."""
+    q, k, v, pt, cu, lens = make_paged_batch([3, 1, 9], [70, 5, 130], 4, 2, 32, 8)
+    kp, vp, ptp = poison_unused(k, v, pt, lens)
+    out = invariant(q, kp, vp, ptp, cu, lens)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, invariant(q, k, v, pt, cu, lens))
+
+
+def _one_request_cache(length, hkv, d, page_size, seed):
+    """A single request's keys/values for positions ``0 .. length - 1`` in shuffled pages."""
+    g = torch.Generator().manual_seed(seed)
+    pages = -(-length // page_size)
+    page_table = torch.randperm(pages + 2, generator=g)[:pages].to(torch.int32)[None]
+    k = torch.randn(pages + 2, page_size, hkv, d, generator=g)
+    v = torch.randn(pages + 2, page_size, hkv, d, generator=g)
+    return k, v, page_table
+
+
+@pytest.mark.parametrize("hq,hkv,page_size", [(4, 2, 16), (4, 1, 8), (8, 8, 4), (8, 2, 32)])
+@pytest.mark.parametrize("pos", [0, QUERY_TILE - 1, QUERY_TILE, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 200])
+def test_a_row_has_the_same_bits_however_it_is_batched(hq, hkv, page_size, pos):
+    """The token at ``pos``: decoded alone, verified with 1..15 following tokens (whose keys the row must not
+    see), and verified next to other requests of other lengths, gives bit-identical output."""
+    d = 64
+    k, v, pt = _one_request_cache(pos + 16, hkv, d, page_size, seed=pos)
+    queries = torch.randn(16, hq, d, generator=torch.Generator().manual_seed(1000 + pos))
+    alone = invariant(queries[:1], k, v, pt, torch.tensor([0, 1], dtype=torch.int32),
+                      torch.tensor([pos + 1], dtype=torch.int32))[0]
+    for extra in (1, 3, 7, 15):
+        block = invariant(queries[: extra + 1], k, v, pt, torch.tensor([0, extra + 1], dtype=torch.int32),
+                          torch.tensor([pos + extra + 1], dtype=torch.int32))
+        assert torch.equal(block[0], alone), f"pos {pos}: verifying {extra} more tokens changed the row"
+    # the same row batched after two other requests (their own pages; longer and shorter contexts)
+    q2, k2, v2, pt2, _, _ = make_paged_batch([5, 2], [300, 9], hq, hkv, d, page_size, seed=pos + 7)
+    n_other = k2.shape[0]
+    k_all, v_all = torch.cat([k2, k]), torch.cat([v2, v])
+    width = max(pt2.shape[1], pt.shape[1])
+    table = torch.zeros(3, width, dtype=torch.int32)
+    table[:2, : pt2.shape[1]] = pt2
+    table[2, : pt.shape[1]] = pt[0] + n_other
+    batched = invariant(torch.cat([q2, queries[:4]]), k_all, v_all, table,
+                        torch.tensor([0, 5, 7, 11], dtype=torch.int32),
+                        torch.tensor([300, 9, pos + 4], dtype=torch.int32))
+    assert torch.equal(batched[7], alone), f"pos {pos}: batching with other requests changed the row"
+
+
+def test_triton_path_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v, pt, cu, lens = make_paged_batch([2], [9], 4, 2, 32, 8)
+    with pytest.raises(ValueError, match="batch_invariant"):
+        plan_verify_attention(pt, cu, lens, 8, 4, impl="triton", batch_invariant=True)
+
+
+# Held-out prompts (the acceptance bench's test split, 32 tokens) on which greedy speculative decoding with the fused
+# attention and bf16 GEMMs left greedy AR decoding at new token 8, 3 and 13 (session 17, one thread).
+DIVERGING = [
+    [1, 1769, 66, 1663, 15, 944, 365, 7855, 66, 2993, 3115, 2225, 17, 3030, 66, 2993, 320, 272, 323, 801, 66, 1663,
+     2219, 365, 7855, 66, 2993, 29, 274, 1949, 2219, 32],
+    [1, 17, 202, 202, 66, 657, 315, 289, 611, 371, 597, 973, 546, 17, 202, 202, 66, 5768, 315, 289, 4176, 817, 1681,
+     644, 15, 747, 303, 338, 339, 5885, 1151, 202],
+    [1, 2427, 287, 472, 30, 202, 96, 202, 6, 1168, 828, 202, 202, 6, 828, 500, 555, 2669, 79, 88, 492, 3720, 202, 96,
+     202, 6, 1168, 828, 202, 6, 1168, 828],
+]
+
+
+def test_bf16_speculative_decoding_reproduces_ar_bit_for_bit():
+    """The shipped target with bf16 GEMMs and batch-invariant attention: greedy speculative decoding, one prompt at a
+    time and all three batched, emits exactly the tokens of greedy AR decoding of each prompt alone."""
+    target = load_model(ASSETS / "target", gemm_dtype="bfloat16", batch_invariant=True)
+    drafter = load_drafter(ASSETS / "drafters" / "dspark", target, gemm_dtype="bfloat16")
+    ar = [generate(target, [p], 20).tokens[0] for p in DIVERGING]
+    for prompt, expected in zip(DIVERGING, ar):
+        assert speculative_generate(target, drafter, [prompt], 20, 7).tokens[0] == expected
+    assert speculative_generate(target, drafter, DIVERGING, 20, 7).tokens == ar
