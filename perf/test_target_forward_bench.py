@@ -68,8 +68,23 @@ def _cost(model: CausalLM, n_new: int) -> tuple[float, float]:
 @pytest.mark.parametrize("n_new", NEW_TOKENS)
 @pytest.mark.parametrize("device,dtype,impl,gemm_dtype", DEVICES)
 def test_target_forward_verify(benchmark, models, device, dtype, impl, gemm_dtype, n_new):
-    model = models(device, dtype, gemm_dtype)
-    dev = torch.device(device)
+    _bench_forward(benchmark, models(device, dtype, gemm_dtype), impl, gemm_dtype, n_new)
+
+
+@pytest.mark.parametrize("n_new", NEW_TOKENS)
+def test_target_forward_batch_invariant_cpu(benchmark, models, n_new):
+    """bf16 GEMMs with the batch-invariant attention (``CausalLM.batch_invariant``): what bit-exact greedy
+    speculative decoding costs next to ``cpu-bf16gemm-torch``."""
+    model = models("cpu", torch.float32, torch.bfloat16)
+    model.batch_invariant = True
+    try:
+        _bench_forward(benchmark, model, "torch", torch.bfloat16, n_new)
+    finally:
+        model.batch_invariant = False
+
+
+def _bench_forward(benchmark, model: CausalLM, impl: str, gemm_dtype: torch.dtype | None, n_new: int) -> None:
+    dev, dtype = model.device, model.dtype
     cache = model.new_cache(num_pages=(CONTEXT + max(NEW_TOKENS)) // 16 + 1, page_size=16)
     cache.add_request(0)
     gen = torch.Generator().manual_seed(1)
@@ -84,7 +99,7 @@ def test_target_forward_verify(benchmark, models, device, dtype, impl, gemm_dtyp
         sync(dev)
 
     step()
-    benchmark.pedantic(step, rounds=30 if device == "cpu" else 100, warmup_rounds=3, iterations=1)
+    benchmark.pedantic(step, rounds=30 if dev.type == "cpu" else 100, warmup_rounds=3, iterations=1)
     assert cache.length(0) == CONTEXT
     bytes_moved, flops = _cost(model, n_new)
     record(
@@ -92,7 +107,8 @@ def test_target_forward_verify(benchmark, models, device, dtype, impl, gemm_dtyp
         shapes={"new_tokens": n_new, "context": CONTEXT, "hidden": CFG.hidden_size, "layers": CFG.num_hidden_layers,
                 "hq": CFG.num_attention_heads, "hkv": CFG.num_key_value_heads, "d": CFG.head_dim,
                 "vocab": CFG.vocab_size, "dtype": str(dtype).replace("torch.", ""),
-                "gemm_dtype": str(gemm_dtype or dtype).replace("torch.", "")},
+                "gemm_dtype": str(gemm_dtype or dtype).replace("torch.", ""),
+                "batch_invariant": model.batch_invariant},
         bytes_moved=bytes_moved,
         flops=flops,
         impl=impl,

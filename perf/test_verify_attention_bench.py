@@ -2,7 +2,8 @@
 
 The CPU cases run unplanned (each call plans its own index work) and planned (one ``plan_verify_attention`` made
 outside the timed call and reused, as every layer of a model forward does), at the perf shapes and at the shipped
-target's (4 query heads, 2 KV heads, D = 64, 128 cached tokens).
+target's (4 query heads, 2 KV heads, D = 64, 128 cached tokens); the batch-invariant reference runs planned at the
+same shapes.
 
 Bytes = Q read + each request's K/V pages read once per KV head + O written; FLOPs = 4 * Hq * D per visible
 (query, key) pair (QK^T and PV). On a GPU the record carries achieved GB/s, TFLOP/s and % of peak.
@@ -36,11 +37,12 @@ GPU_SHAPES = [
 ]
 
 
-def _run(benchmark, device, q_lens, kv_lens, impl, dtype, heads=(32, 8, 128), planned=False):
+def _run(benchmark, device, q_lens, kv_lens, impl, dtype, heads=(32, 8, 128), planned=False, batch_invariant=False):
     (hq, hkv, d), page_size = heads, 16
     args = [a.to(device) for a in make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size, dtype=dtype)]
     max_q = max(q_lens)
-    plan = plan_verify_attention(*args[3:6], page_size, hq, impl=impl) if planned else None
+    plan = plan_verify_attention(*args[3:6], page_size, hq, impl=impl, batch_invariant=batch_invariant) if planned \
+        else None
 
     def step():
         verify_attention(*args, impl=impl, check_inputs=False, max_seqlen_q=max_q, plan=plan)
@@ -52,7 +54,7 @@ def _run(benchmark, device, q_lens, kv_lens, impl, dtype, heads=(32, 8, 128), pl
     record(
         benchmark,
         shapes={"q_len": q_lens[0], "R": len(q_lens), "kv_len": kv_lens[0], "hq": hq, "hkv": hkv, "d": d,
-                "planned": planned},
+                "planned": planned, "batch_invariant": batch_invariant},
         bytes_moved=bytes_moved,
         flops=flops,
         impl=impl,
@@ -63,6 +65,13 @@ def _run(benchmark, device, q_lens, kv_lens, impl, dtype, heads=(32, 8, 128), pl
 @pytest.mark.parametrize("q_lens,kv_lens,heads", CPU_SHAPES)
 def test_verify_attention_reference_cpu(benchmark, q_lens, kv_lens, heads, planned):
     _run(benchmark, torch.device("cpu"), q_lens, kv_lens, "torch", torch.float32, heads, planned)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,heads", CPU_SHAPES)
+def test_verify_attention_batch_invariant_cpu(benchmark, q_lens, kv_lens, heads):
+    """The batch-invariant reference (``plan_verify_attention(..., batch_invariant=True)``), planned, at the same
+    shapes: its cost next to the fused path's."""
+    _run(benchmark, torch.device("cpu"), q_lens, kv_lens, "torch", torch.float32, heads, True, True)
 
 
 @pytest.mark.parametrize("q_lens,kv_lens", GPU_SHAPES)

@@ -20,15 +20,17 @@ import torch
 SCORE_BUDGET = 1 << 24  # fp32 scores per request group: 64 MiB
 
 
-def request_groups(q_lens: list[int], kv_lens: list[int], heads: int) -> Iterator[slice]:
-    """Consecutive slices of the requests whose padded scores ``[n, heads, max q, max kv]`` fit ``SCORE_BUDGET``
-    (a single request always forms a group, however large)."""
+def request_groups(q_lens: list[int], kv_lens: list[int], heads: int,
+                   budget: int | None = None) -> Iterator[slice]:
+    """Consecutive slices of the requests whose padded scores ``[n, heads, max q, max kv]`` fit ``budget`` elements
+    (``None``: ``SCORE_BUDGET``; a single request always forms a group, however large)."""
+    budget = SCORE_BUDGET if budget is None else budget
     start, n = 0, len(q_lens)
     while start < n:
         end, max_q, max_kv = start, 0, 0
         while end < n:
             q, kv = max(max_q, q_lens[end]), max(max_kv, kv_lens[end])
-            if end > start and (end - start + 1) * heads * q * kv > SCORE_BUDGET:
+            if end > start and (end - start + 1) * heads * q * kv > budget:
                 break
             end, max_q, max_kv = end + 1, q, kv
         yield slice(start, end)
@@ -62,6 +64,14 @@ class PagedRead:
         if self.outside.numel():
             rows.view(rows.shape[0], -1).index_fill_(0, self.outside, 0)  # 8x faster than a masked fill
         return rows.view(self.n, self.length, *cache.shape[2:])
+
+    def gather_heads_first(self, cache: torch.Tensor) -> torch.Tensor:
+        """``cache [num_pages, page_size, H, D]`` -> contiguous ``[H, n, length, D]`` (one gather, head-major)."""
+        heads = cache.shape[2]
+        rows = cache.reshape(-1, heads, cache.shape[3]).transpose(0, 1).index_select(1, self.slots)
+        if self.outside.numel():
+            rows.index_fill_(1, self.outside, 0)
+        return rows.view(heads, self.n, self.length, cache.shape[3])
 
 
 @dataclass(frozen=True)

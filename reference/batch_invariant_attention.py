@@ -27,10 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ._paged_attention import PagedRead, request_groups
+from ._paged_attention import SCORE_BUDGET, PagedRead, request_groups
 
-QUERY_TILE = 8
+QUERY_TILE = 4
 KEY_BLOCK = 64
+SEGMENT_TILES = 8
 
 
 @dataclass(frozen=True)
@@ -66,63 +67,83 @@ class BatchInvariantPlan:
                              f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
 
 
+def _segments(cu: list[int], q_lens: list[int], kv_lens: list[int]) -> list[tuple[int, int, int, int]]:
+    """Each request's queries cut at tile boundaries into segments of at most ``SEGMENT_TILES`` tiles:
+    ``(request, first flat query row, query count, keys it may see)`` (a segment sees keys up to its last query)."""
+    out = []
+    for r, (row, q_len, kv) in enumerate(zip(cu, q_lens, kv_lens)):
+        pos, end = kv - q_len, kv
+        while pos < end:
+            stop = min(end, (pos // QUERY_TILE + SEGMENT_TILES) * QUERY_TILE)
+            out.append((r, row, stop - pos, stop))
+            row, pos = row + stop - pos, stop
+    return out
+
+
 def plan_batch_invariant_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                    page_size: int, num_q_heads: int) -> BatchInvariantPlan:
     """Plan :func:`batch_invariant_attention` (arguments as :func:`~reference.verify_attention.verify_attention_ref`
-    plus the cache's page size and the number of query heads)."""
+    plus the cache's page size and the number of query heads).
+
+    Long query runs (a prefill) are cut into segments of ``SEGMENT_TILES`` tiles, and segments are grouped so that
+    a group's scores stay under ``SCORE_BUDGET / 32`` elements: the GEMM operands repeat every key block for every
+    tile of a segment, up to ``D / QUERY_TILE`` times the scores' size. A row's bits do not depend on either cut."""
     dev = page_table.device
-    cu = cu_seqlens_q.long().to(dev)
-    q_lens_t, kv_t = cu[1:] - cu[:-1], seq_lens.long().to(dev)
-    q_lens, kv_lens = q_lens_t.tolist(), kv_t.tolist()
-    total = int(cu[-1]) if q_lens else 0
-    starts = [kv - q for kv, q in zip(kv_lens, q_lens)]  # absolute position of each request's first query
-    tiles = [(s + q - 1) // QUERY_TILE - s // QUERY_TILE + 1 if q else 0 for s, q in zip(starts, q_lens)]
-    padded_q = [t * QUERY_TILE for t in tiles]
-    padded_kv = [-(-kv // KEY_BLOCK) * KEY_BLOCK for kv in kv_lens]
+    cu = cu_seqlens_q.long().tolist()
+    kv_lens = seq_lens.long().tolist()
+    q_lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    total = cu[-1] if q_lens else 0
+    segs = _segments(cu[:-1], q_lens, kv_lens)
+    tiles = [(kv - 1) // QUERY_TILE - (kv - n) // QUERY_TILE + 1 for _, _, n, kv in segs]
+    padded_kv = [-(-kv // KEY_BLOCK) * KEY_BLOCK for *_, kv in segs]
     groups = []
-    for g in request_groups(padded_q, padded_kv, num_q_heads):
-        nq, nb = max(tiles[g]), max(padded_kv[g]) // KEY_BLOCK
-        if nq == 0:
-            continue
-        n = g.stop - g.start
-        first = torch.tensor([s // QUERY_TILE * QUERY_TILE for s in starts[g]], device=dev)
-        pos = first[:, None] + torch.arange(nq * QUERY_TILE, device=dev)  # [n, nq * QT] absolute positions
-        start, q_len, kv = kv_t[g] - q_lens_t[g], q_lens_t[g], kv_t[g]
+    for g in request_groups([t * QUERY_TILE for t in tiles], padded_kv, num_q_heads, SCORE_BUDGET // 32):
+        part = segs[g]
+        n, nq, nb = len(part), max(tiles[g]), max(padded_kv[g]) // KEY_BLOCK
+        req, row0, q_len, kv = (torch.tensor(col, device=dev) for col in zip(*part))
+        start = kv - q_len  # absolute position of each segment's first query
+        pos = (start // QUERY_TILE * QUERY_TILE)[:, None] + torch.arange(nq * QUERY_TILE, device=dev)  # [n, nq * QT]
         offset = pos - start[:, None]
         real = (offset >= 0) & (offset < q_len[:, None])
-        rows = (cu[:-1][g][:, None] + offset.clamp(min=0).minimum((q_len - 1).clamp(min=0)[:, None])).reshape(-1)
+        rows = row0[:, None] + offset.clamp(min=0).minimum(q_len[:, None] - 1)
         key = torch.arange(nb * KEY_BLOCK, device=dev)
         visible = (key <= pos[:, :, None]) & (key < kv[:, None, None])
         visible |= ~real[:, :, None] & (key == 0)
         bias = torch.zeros(visible.shape, device=dev).masked_fill_(~visible, float("-inf"))
         bias = bias.view(n, nq, QUERY_TILE, nb, KEY_BLOCK).transpose(2, 3).contiguous()
         keep = real.reshape(-1).nonzero().squeeze(1)
-        groups.append(TiledGroupPlan(n, nq, nb, rows.clamp(max=max(total - 1, 0)), keep, rows[keep],
-                                     PagedRead.of(page_table[g], kv, nb * KEY_BLOCK, page_size), bias))
+        rows = rows.reshape(-1)
+        groups.append(TiledGroupPlan(n, nq, nb, rows, keep, rows[keep],
+                                     PagedRead.of(page_table[req], kv, nb * KEY_BLOCK, page_size), bias))
     return BatchInvariantPlan(total, page_size, tuple(groups))
 
 
 def _tiled_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: TiledGroupPlan,
                  sm_scale: float) -> torch.Tensor:
-    """Attention of one group's tile rows: ``[n * nq * QUERY_TILE, Hq, D]`` float32 (padding rows included)."""
+    """Attention of one group's tile rows: ``[n * nq * QUERY_TILE, Hq, D]`` float32 (padding rows included).
+
+    GEMM batches run over (KV head, segment, tile, key block); operands are contiguous ``[batch, rows, D]`` queries,
+    ``[batch, KEY_BLOCK, D]`` keys (used transposed) and values, whatever the sizes (with one tile per segment the
+    gathered keys and values are those operands already)."""
     n, nq, nb, qt, bk = g.n, g.nq, g.nb, QUERY_TILE, KEY_BLOCK
     hq, d = q.shape[1], q.shape[2]
     hkv = k_cache.shape[2]
     grp = hq // hkv
     rows = grp * qt
-    tiles = (q.index_select(0, g.rows).float() * sm_scale).view(n, nq, qt, hkv, grp, d).permute(0, 3, 1, 4, 2, 5)
-    q_op = tiles[:, :, :, None].expand(n, hkv, nq, nb, grp, qt, d).reshape(-1, rows, d).contiguous()
-    keys = g.cached.gather(k_cache).float().view(n, nb, bk, hkv, d).permute(0, 3, 1, 4, 2)  # [n, hkv, nb, d, bk]
-    k_op = keys[:, :, None].expand(n, hkv, nq, nb, d, bk).reshape(-1, d, bk).contiguous()
-    scores = torch.bmm(q_op, k_op).view(n, hkv, nq, nb, grp, qt, bk)
-    scores.add_(g.bias[:, None, :, :, None])
+    tiles = (q.index_select(0, g.rows).float() * sm_scale).view(n, nq, qt, hkv, grp, d).permute(3, 0, 1, 4, 2, 5)
+    q_op = tiles[:, :, :, None].expand(hkv, n, nq, nb, grp, qt, d).reshape(-1, rows, d).contiguous()
+
+    def blocks(cache: torch.Tensor) -> torch.Tensor:  # [hkv * n * nq * nb, bk, d], contiguous
+        kv = g.cached.gather_heads_first(cache).float().view(hkv, n, 1, nb, bk, d)
+        return kv.expand(hkv, n, nq, nb, bk, d).reshape(-1, bk, d).contiguous()
+
+    scores = torch.bmm(q_op, blocks(k_cache).transpose(1, 2)).view(hkv, n, nq, nb, grp, qt, bk)
+    scores.add_(g.bias[None, :, :, :, None])
     probs = scores.sub_(scores.amax(dim=(3, 6), keepdim=True)).exp_()
-    denom = probs.sum(-1).cumsum(3)[:, :, :, -1]  # [n, hkv, nq, grp, qt]: per-block sums, summed block by block
-    values = g.cached.gather(v_cache).float().view(n, nb, bk, hkv, d).permute(0, 3, 1, 2, 4)  # [n, hkv, nb, bk, d]
-    v_op = values[:, :, None].expand(n, hkv, nq, nb, bk, d).reshape(-1, bk, d).contiguous()
-    out = torch.bmm(probs.view(-1, rows, bk), v_op).view(n, hkv, nq, nb, grp, qt, d).cumsum(3)[:, :, :, -1]
+    denom = probs.sum(-1).cumsum(3)[:, :, :, -1]  # [hkv, n, nq, grp, qt]: per-block sums, summed block by block
+    out = torch.bmm(probs.view(-1, rows, bk), blocks(v_cache)).view(hkv, n, nq, nb, grp, qt, d).cumsum(3)[:, :, :, -1]
     out = out / denom[..., None]
-    return out.permute(0, 2, 4, 1, 3, 5).reshape(n * nq * qt, hq, d)
+    return out.permute(1, 2, 4, 0, 3, 5).reshape(n * nq * qt, hq, d)
 
 
 def batch_invariant_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

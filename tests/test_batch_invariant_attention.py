@@ -48,7 +48,7 @@ def _one_request_cache(length, hkv, d, page_size, seed):
 @pytest.mark.parametrize("pos", [0, QUERY_TILE - 1, QUERY_TILE, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 200])
 def test_a_row_has_the_same_bits_however_it_is_batched(hq, hkv, page_size, pos):
     """The token at ``pos``: decoded alone, verified with 1..15 following tokens (whose keys the row must not
-    see), and verified next to other requests of other lengths, gives bit-identical output."""
+    see), inside a prefill, and verified next to other requests of other lengths, gives bit-identical output."""
     d = 64
     k, v, pt = _one_request_cache(pos + 16, hkv, d, page_size, seed=pos)
     queries = torch.randn(16, hq, d, generator=torch.Generator().manual_seed(1000 + pos))
@@ -58,6 +58,12 @@ def test_a_row_has_the_same_bits_however_it_is_batched(hq, hkv, page_size, pos):
         block = invariant(queries[: extra + 1], k, v, pt, torch.tensor([0, extra + 1], dtype=torch.int32),
                           torch.tensor([pos + extra + 1], dtype=torch.int32))
         assert torch.equal(block[0], alone), f"pos {pos}: verifying {extra} more tokens changed the row"
+    # the same row inside a prefill of positions 0 .. pos + 3 (cut into segments when long)
+    prompt = torch.randn(pos + 4, hq, d, generator=torch.Generator().manual_seed(2000 + pos))
+    prompt[pos] = queries[0]
+    prefill = invariant(prompt, k, v, pt, torch.tensor([0, pos + 4], dtype=torch.int32),
+                        torch.tensor([pos + 4], dtype=torch.int32))
+    assert torch.equal(prefill[pos], alone), f"pos {pos}: the prefill changed the row"
     # the same row batched after two other requests (their own pages; longer and shorter contexts)
     q2, k2, v2, pt2, _, _ = make_paged_batch([5, 2], [300, 9], hq, hkv, d, page_size, seed=pos + 7)
     n_other = k2.shape[0]
