@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="bfloat16",
                    help="dtype of the linear layers' weights for every method (activations stay fp32); the shipped "
                         "checkpoints are bf16, and bf16 GEMMs make a multi-token verify cheap on a CPU")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="the target's attention through the batch-invariant reference: a token's logits do not depend "
+                        "on how many tokens share its forward, so at T=0 every method reproduces AR bit for bit on any "
+                        "prompt (slower attention; CPU path only)")
     p.add_argument("--json", type=Path, help="write machine-readable stats here")
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
 
     t_load = time.perf_counter()
-    target = load_model(args.model, gemm_dtype=args.gemm_dtype)
+    target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
     tokenizer = load_tokenizer(args.model)
     methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)}
     if args.baseline_drafter.exists():
@@ -111,7 +115,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"loaded target + {len(methods)} drafter(s) in {time.perf_counter() - t_load:.1f}s; "
           f"{args.draft_length} draft length (gamma {'<= ' if args.draft_length == 'adaptive' else ''}{args.gamma}), "
           f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "
-          "weights")
+          f"weights{', batch-invariant attention' if args.batch_invariant else ''}")
     warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
     _run_ar(target, warm, args)
     schedules = {name: None for name in methods}
@@ -171,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
                         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
-                        "gemm_dtype": args.gemm_dtype, "repeats": args.repeats}, "runs": runs,
+                        "gemm_dtype": args.gemm_dtype, "batch_invariant": args.batch_invariant,
+                        "repeats": args.repeats}, "runs": runs,
            "by_domain": by_domain, "by_prompt": by_prompt}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,10 @@ fixes the arithmetic of every row instead:
   probability exactly 0, so blocks after the row's last visible key add exact zeros and a decode step, a verify block
   and a prefill give the row the same bits.
 
-It costs more than the fused path (about 2-4x the attention time here, fixed-size tiles for one decoded token): opt
-in with ``load_model(..., batch_invariant=True)``. The GEMMs around it must be row-invariant too (this CPU's bf16
-GEMMs are at 1-16 rows; see README, *Exactness at T = 0*).
+A decoded token still fills a 4-row tile, and the op count is higher: at the shipped target's shapes the attention
+costs about 2x the fused path's, the target's decode step about 1.3-1.6x (``perf/test_verify_attention_bench.py``,
+``perf/test_target_forward_bench.py``). Opt in with ``load_model(..., batch_invariant=True)``. The GEMMs around it
+must be row-invariant too (this CPU's bf16 GEMMs are; see README, *Exactness at T = 0*).
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ SEGMENT_TILES = 8
 
 @dataclass(frozen=True)
 class TiledGroupPlan:
-    """One request group of ``n`` requests in ``nq`` query tiles and ``nb`` key blocks each.
+    """One group of ``n`` query segments (``SEGMENT_TILES`` tiles at most, one request's each) in ``nq`` query tiles
+    and ``nb`` key blocks each.
 
     ``rows [n * nq * QUERY_TILE]``: the flat query row of every tile row (padding rows repeat a real one);
     ``real [k]``: the tile rows that are real queries, in flat-row order; ``out_rows [k]``: their rows in the output;
