@@ -1,11 +1,15 @@
 """Batch-invariant verify attention: parity with the dense oracle, bit-identical rows however the call is batched,
-bad input, and greedy speculative decoding equal to greedy AR decoding with bf16 GEMMs."""
+bad input, and greedy speculative decoding (the batch 1..N loop and the engine's policies) equal to greedy AR decoding
+with bf16 GEMMs."""
 
 import pytest
 import torch
 
 from dspark_kernels.demo import ASSETS
+from dspark_kernels.engine.engine import Engine, run_closed_loop
+from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
 from dspark_kernels.engine.speculative import speculative_generate
+from dspark_kernels.engine.sps import SPSProfile
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import plan_verify_attention, verify_attention
@@ -106,3 +110,17 @@ def test_bf16_speculative_decoding_reproduces_ar_bit_for_bit():
     for prompt, expected in zip(DIVERGING, ar):
         assert speculative_generate(target, drafter, [prompt], 20, 7).tokens[0] == expected
     assert speculative_generate(target, drafter, DIVERGING, 20, 7).tokens == ar
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p != "oracle"])
+def test_bf16_engine_reproduces_ar_for_every_policy(policy):
+    """The continuous-batching engine (two requests at a time, ragged verify lengths) with the same setting emits
+    each prompt's solo greedy AR tokens under every live policy."""
+    target = load_model(ASSETS / "target", gemm_dtype="bfloat16", batch_invariant=True)
+    drafter = load_drafter(ASSETS / "drafters" / "dspark", target, gemm_dtype="bfloat16")
+    ar = [generate(target, [p], 16).tokens[0] for p in DIVERGING]
+    sizes = tuple(range(1, 17))
+    profile = SPSProfile("test", "shipped", sizes, (tuple(1.0 / (1.0 + b / 6.0) for b in sizes),), source="modelled")
+    engine = Engine(target, drafter, make_policy(policy), profile, 7, page_size=16, max_batch=2, max_seq_len=64)
+    out = run_closed_loop(engine, DIVERGING, 2, 16)
+    assert [engine.requests[i].tokens for i in out["rids"]] == ar
