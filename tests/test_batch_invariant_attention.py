@@ -29,6 +29,14 @@ def test_matches_dense_oracle(q_lens, kv_lens, hq, hkv, d, page_size):
     torch.testing.assert_close(invariant(*args), dense_oracle(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_bf16_inputs_match_the_dense_oracle():
+    """bf16 queries and cache: fp32 math inside, the output in bf16."""
+    args = make_paged_batch([3, 1, 9], [70, 5, 130], 8, 2, 64, 16, dtype=torch.bfloat16)
+    out = invariant(*args)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), dense_oracle(*args), rtol=1e-2, atol=1e-2)
+
+
 def test_never_reads_outside_the_requests_tokens():
     """Unused page-table entries point nowhere and stale slots hold NaN: the output is finite and unchanged."""
     q, k, v, pt, cu, lens = make_paged_batch([3, 1, 9], [70, 5, 130], 4, 2, 32, 8)
