@@ -72,7 +72,7 @@ step env 20 envinfo
 step install 45 install_pkg
 step kernel_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_verify_attention.py \
     tests/test_draft_block_attention.py tests/test_rejection_sample.py tests/test_sequential_head.py \
-    tests/test_survival.py --junitxml "$OUT_DIR/kernel_tests.xml"
+    tests/test_survival.py tests/test_batch_invariant_attention.py --junitxml "$OUT_DIR/kernel_tests.xml"
 step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
 step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples

@@ -13,14 +13,15 @@ from dspark_kernels.engine.sps import SPSProfile
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import plan_verify_attention, verify_attention
+from dspark_kernels.ops.verify_attention import PINNED_LAUNCH
 from dspark_kernels.reference.batch_invariant_attention import KEY_BLOCK, QUERY_TILE
 from tests.test_verify_attention import CASES, dense_oracle, make_paged_batch, poison_unused
 
 
-def invariant(q, k_cache, v_cache, page_table, cu, seq_lens):
-    plan = plan_verify_attention(page_table, cu, seq_lens, k_cache.shape[1], q.shape[1], impl="torch",
+def invariant(q, k_cache, v_cache, page_table, cu, seq_lens, impl="torch"):
+    plan = plan_verify_attention(page_table, cu, seq_lens, k_cache.shape[1], q.shape[1], impl=impl,
                                  batch_invariant=True)
-    return verify_attention(q, k_cache, v_cache, page_table, cu, seq_lens, impl="torch", plan=plan)
+    return verify_attention(q, k_cache, v_cache, page_table, cu, seq_lens, impl=impl, plan=plan)
 
 
 @pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)
@@ -56,45 +57,52 @@ def _one_request_cache(length, hkv, d, page_size, seed):
     return k, v, page_table
 
 
-@pytest.mark.parametrize("hq,hkv,page_size", [(4, 2, 16), (4, 1, 8), (8, 8, 4), (8, 2, 32)])
-@pytest.mark.parametrize("pos", [0, QUERY_TILE - 1, QUERY_TILE, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 200])
-def test_a_row_has_the_same_bits_however_it_is_batched(hq, hkv, page_size, pos):
+def _assert_row_is_batch_invariant(hq, hkv, page_size, pos, device, impl):
     """The token at ``pos``: decoded alone, verified with 1..15 following tokens (whose keys the row must not
     see), inside a prefill, and verified next to other requests of other lengths, gives bit-identical output."""
     d = 64
-    k, v, pt = _one_request_cache(pos + 16, hkv, d, page_size, seed=pos)
-    queries = torch.randn(16, hq, d, generator=torch.Generator().manual_seed(1000 + pos))
-    alone = invariant(queries[:1], k, v, pt, torch.tensor([0, 1], dtype=torch.int32),
-                      torch.tensor([pos + 1], dtype=torch.int32))[0]
+    k, v, pt = (t.to(device) for t in _one_request_cache(pos + 16, hkv, d, page_size, seed=pos))
+    queries = torch.randn(16, hq, d, generator=torch.Generator().manual_seed(1000 + pos)).to(device)
+
+    def lens(*values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    alone = invariant(queries[:1], k, v, pt, lens(0, 1), lens(pos + 1), impl)[0]
     for extra in (1, 3, 7, 15):
-        block = invariant(queries[: extra + 1], k, v, pt, torch.tensor([0, extra + 1], dtype=torch.int32),
-                          torch.tensor([pos + extra + 1], dtype=torch.int32))
+        block = invariant(queries[: extra + 1], k, v, pt, lens(0, extra + 1), lens(pos + extra + 1), impl)
         assert torch.equal(block[0], alone), f"pos {pos}: verifying {extra} more tokens changed the row"
     # the same row inside a prefill of positions 0 .. pos + 3 (cut into segments when long)
-    prompt = torch.randn(pos + 4, hq, d, generator=torch.Generator().manual_seed(2000 + pos))
+    prompt = torch.randn(pos + 4, hq, d, generator=torch.Generator().manual_seed(2000 + pos)).to(device)
     prompt[pos] = queries[0]
-    prefill = invariant(prompt, k, v, pt, torch.tensor([0, pos + 4], dtype=torch.int32),
-                        torch.tensor([pos + 4], dtype=torch.int32))
+    prefill = invariant(prompt, k, v, pt, lens(0, pos + 4), lens(pos + 4), impl)
     assert torch.equal(prefill[pos], alone), f"pos {pos}: the prefill changed the row"
     # the same row batched after two other requests (their own pages; longer and shorter contexts)
-    q2, k2, v2, pt2, _, _ = make_paged_batch([5, 2], [300, 9], hq, hkv, d, page_size, seed=pos + 7)
-    n_other = k2.shape[0]
+    q2, k2, v2, pt2, _, _ = (t.to(device) for t in make_paged_batch([5, 2], [300, 9], hq, hkv, d, page_size,
+                                                                    seed=pos + 7))
     k_all, v_all = torch.cat([k2, k]), torch.cat([v2, v])
-    width = max(pt2.shape[1], pt.shape[1])
-    table = torch.zeros(3, width, dtype=torch.int32)
+    table = torch.zeros(3, max(pt2.shape[1], pt.shape[1]), dtype=torch.int32, device=device)
     table[:2, : pt2.shape[1]] = pt2
-    table[2, : pt.shape[1]] = pt[0] + n_other
-    batched = invariant(torch.cat([q2, queries[:4]]), k_all, v_all, table,
-                        torch.tensor([0, 5, 7, 11], dtype=torch.int32),
-                        torch.tensor([300, 9, pos + 4], dtype=torch.int32))
+    table[2, : pt.shape[1]] = pt[0] + k2.shape[0]
+    batched = invariant(torch.cat([q2, queries[:4]]), k_all, v_all, table, lens(0, 5, 7, 11), lens(300, 9, pos + 4),
+                        impl)
     assert torch.equal(batched[7], alone), f"pos {pos}: batching with other requests changed the row"
 
 
-def test_triton_path_is_refused(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    q, k, v, pt, cu, lens = make_paged_batch([2], [9], 4, 2, 32, 8)
-    with pytest.raises(ValueError, match="batch_invariant"):
-        plan_verify_attention(pt, cu, lens, 8, 4, impl="triton", batch_invariant=True)
+@pytest.mark.parametrize("hq,hkv,page_size", [(4, 2, 16), (4, 1, 8), (8, 8, 4), (8, 2, 32)])
+@pytest.mark.parametrize("pos", [0, QUERY_TILE - 1, QUERY_TILE, KEY_BLOCK - 1, KEY_BLOCK, KEY_BLOCK + 1, 200])
+def test_a_row_has_the_same_bits_however_it_is_batched(hq, hkv, page_size, pos):
+    _assert_row_is_batch_invariant(hq, hkv, page_size, pos, torch.device("cpu"), "torch")
+
+
+@pytest.mark.parametrize("pos", [0, 15, 16, 63, 64, 130])
+def test_triton_pinned_launch_has_the_same_bits_however_it_is_batched(device, pos):
+    """The Triton kernel under ``batch_invariant=True`` (one launch config for every call; interpreted on a CPU, on
+    the GPU in ``perf/gpu_check.sh``): the same checks, across its 16-row tiles and 64-key tiles."""
+    assert plan_verify_attention(torch.zeros(1, 1, dtype=torch.int32, device=device),
+                                 torch.tensor([0, 1], dtype=torch.int32, device=device),
+                                 torch.ones(1, dtype=torch.int32, device=device), 16, 4, impl="triton",
+                                 batch_invariant=True) is PINNED_LAUNCH
+    _assert_row_is_batch_invariant(4, 2, 16, pos, device, "triton")
 
 
 # Held-out prompts (the acceptance bench's test split, 32 tokens) on which greedy speculative decoding with the fused

@@ -23,7 +23,9 @@ from torch import nn
 
 from ..ops import plan_verify_attention, verify_attention
 from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_tensor
+from ..ops.verify_attention import PinnedLaunch
 from ..reference._paged_attention import AttentionPlan
+from ..reference.batch_invariant_attention import BatchInvariantPlan
 from .checkpoint import load_state_dict
 from .config import ModelConfig
 from .fused_linear import FusedLinear, fuse_projections
@@ -172,7 +174,8 @@ class _BatchCtx:
     impl: str | None
     check_inputs: bool
     max_seqlen_q: int  # longest query length (lets the Triton launch skip a host sync)
-    plan: AttentionPlan | None  # the attention's index work, shared by every layer (reference path only)
+    # plan_verify_attention's result, shared by every layer (None: the Triton kernel's default launch)
+    plan: AttentionPlan | BatchInvariantPlan | PinnedLaunch | None
 
 
 class CausalLM(nn.Module):
@@ -323,10 +326,11 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
     when tied to the embedding). The q/k/v and gate/up projections are fused for inference (:mod:`.fused_linear`);
-    the state dict keeps the checkpoint's names. ``batch_invariant``: attention through
-    :mod:`reference.batch_invariant_attention` (reference path only), so a token's logits do not depend on how many
-    tokens or requests share its forward: with row-invariant GEMMs, greedy speculative decoding then reproduces greedy
-    AR decoding bit for bit (slower attention; sets :attr:`CausalLM.batch_invariant`)."""
+    the state dict keeps the checkpoint's names. ``batch_invariant``: batch-invariant attention
+    (``plan_verify_attention(..., batch_invariant=True)``: :mod:`reference.batch_invariant_attention` on the CPU, one
+    pinned launch config for the Triton kernel), so a token's logits do not depend on how many tokens or requests share
+    its forward: with row-invariant GEMMs, greedy speculative decoding then reproduces greedy AR decoding bit for bit
+    (slower attention on the CPU; sets :attr:`CausalLM.batch_invariant`)."""
     cfg, sd = load_state_dict(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:

@@ -24,14 +24,15 @@ def online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION: tl
 
 
 @triton.jit
-def gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
-    """Load tile ``mb`` of a request's queries with the GQA group packed into M: row m is token ``m // GROUP`` and
-    query head ``kvh * GROUP + m % GROUP``. Returns ``(q [BLOCK_M, BLOCK_D], tok, head, row_ok, d, d_ok)``."""
+def gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, shift, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, DOT_F32: tl.constexpr):
+    """Load tile ``mb`` of a request's queries with the GQA group packed into M: row m is token ``m // GROUP - shift``
+    and query head ``kvh * GROUP + m % GROUP`` (``shift`` padding tokens lead the first tile; rows outside the
+    request's tokens are masked). Returns ``(q [BLOCK_M, BLOCK_D], tok, head, row_ok, d, d_ok)``."""
     rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    tok = rows // GROUP
+    tok = rows // GROUP - shift
     head = kvh * GROUP + rows % GROUP
-    row_ok = tok < q_len
+    row_ok = (tok >= 0) & (tok < q_len)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     q = tl.load(Q + (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],

@@ -68,8 +68,8 @@ def _draft_block_attention_kernel(
     if mb * BLOCK_M >= q_len * GROUP:
         return
 
-    q, tok, head, row_ok, d, d_ok = gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP, HEAD_DIM,
-                                                   BLOCK_D, BLOCK_M, DOT_F32)
+    q, tok, head, row_ok, d, d_ok = gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, 0, GROUP,
+                                                   HEAD_DIM, BLOCK_D, BLOCK_M, DOT_F32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)

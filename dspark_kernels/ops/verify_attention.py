@@ -15,6 +15,8 @@ This one op serves prefill (q_len = prompt), decode (q_len = 1) and verify (q_le
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +34,7 @@ from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 
-__all__ = ["plan_verify_attention", "verify_attention", "verify_attention_triton"]
+__all__ = ["PINNED_LAUNCH", "PinnedLaunch", "plan_verify_attention", "verify_attention", "verify_attention_triton"]
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens) -> None:
@@ -76,41 +78,44 @@ def verify_attention(
     impl: str | None = None,
     check_inputs: bool = True,
     max_seqlen_q: int | None = None,
-    plan: AttentionPlan | BatchInvariantPlan | None = None,
+    plan: AttentionPlan | BatchInvariantPlan | PinnedLaunch | None = None,
 ) -> torch.Tensor:
     """Ragged causal attention over a paged KV cache; see the module docstring for shapes.
 
     ``check_inputs=False`` skips validation (it reads ``cu_seqlens_q``/``seq_lens`` on the host) for hot loops and
     CUDA-graph capture; pass ``max_seqlen_q`` too so the Triton launch needs no host sync. ``plan``: from
     :func:`plan_verify_attention` for the same page table, offsets and lengths (every layer of a forward shares one);
-    the reference path reuses its index work, the Triton kernel needs none. Inputs are never modified.
+    the reference path reuses its index work, the Triton kernel needs none; a batch-invariant plan selects the
+    batch-invariant computation of its path. Inputs are never modified.
     """
     if check_inputs:
         _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
     if isinstance(plan, BatchInvariantPlan):
         return batch_invariant_attention(q, k_cache, v_cache, plan, scale)
-    if resolve_impl(impl, q.device) == "triton":
-        return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q)
+    if isinstance(plan, PinnedLaunch) or resolve_impl(impl, q.device) == "triton":
+        return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q,
+                                       batch_invariant=isinstance(plan, PinnedLaunch))
     return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, plan)
 
 
 def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                           page_size: int, num_q_heads: int, *, impl: str | None = None,
-                          batch_invariant: bool = False) -> AttentionPlan | BatchInvariantPlan | None:
+                          batch_invariant: bool = False) -> AttentionPlan | BatchInvariantPlan | PinnedLaunch | None:
     """Plan once, run per layer: the reference path's index work (cache slots to gather, padding, causal mask) for
     these lengths, to pass as ``verify_attention(..., plan=)`` to every call that shares them; ``None`` when ``impl``
     resolves to the Triton kernel, which plans nothing. Reads the lengths on the host.
 
-    ``batch_invariant``: plan :mod:`reference.batch_invariant_attention` instead, whose output rows do not depend on
-    how many query rows or requests share the call (a decode step and a verify forward give a token the same bits);
-    the calls given this plan run it. Reference path only: ``ValueError`` when ``impl`` resolves to Triton."""
+    ``batch_invariant``: output rows that do not depend on how many query rows or requests share the call (a decode
+    step and a verify forward give a token the same bits); the calls given this plan run that way. On the reference
+    path it plans :mod:`reference.batch_invariant_attention`; for the Triton kernel it returns
+    :data:`PINNED_LAUNCH`, which launches every call with one fixed config (see :func:`verify_attention_triton`)."""
+    triton_path = resolve_impl(impl, page_table.device) == "triton"
     if batch_invariant:
-        if resolve_impl(impl, page_table.device) == "triton":
-            raise ValueError("batch_invariant attention runs on the reference path (impl='torch'); the Triton "
-                             "kernel's rounding is not verified to be batch-invariant")
+        if triton_path:
+            return PINNED_LAUNCH
         return plan_batch_invariant_attention(page_table, cu_seqlens_q, seq_lens, page_size, num_q_heads)
-    if resolve_impl(impl, page_table.device) == "triton":
+    if triton_path:
         return None
     return _plan_ref(page_table, cu_seqlens_q, seq_lens, page_size, num_q_heads)
 
@@ -120,6 +125,18 @@ _DEFAULTS = {
     "decode": {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "prefill": {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
 }
+
+
+@dataclass(frozen=True)
+class PinnedLaunch:
+    """The Triton kernel's batch-invariant "plan": launch every call with ``config``, whatever its shape."""
+
+    config: dict
+
+
+# One config for every call: the autotuned configs differ by bucket (decode vs prefill), and a different BLOCK_M,
+# BLOCK_N or warp count changes how a row's sums are blocked.
+PINNED_LAUNCH = PinnedLaunch(dict(_DEFAULTS["decode"]))
 
 
 @triton.jit
@@ -139,11 +156,15 @@ def _verify_attention_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    ALIGNED: tl.constexpr,
 ):
     """One program = one request x one KV head x BLOCK_M rows of (new token, query head in the GQA group).
 
     Packing the GQA group into the M dimension gives decode (1 token, GROUP heads) a real tile for tl.dot.
     Keys/values are gathered page by page; softmax is online (FlashAttention-style) in fp32, with exp2.
+    ``ALIGNED`` (batch-invariant launches, ``BLOCK_M`` a multiple of ``GROUP``): tiles hold the tokens of
+    ``BLOCK_M // GROUP`` consecutive absolute positions from a multiple of that, so a token always takes the same
+    rows of its tile, whatever else the call holds.
     """
     r = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -151,18 +172,19 @@ def _verify_attention_kernel(
     q_start = tl.load(CU + r).to(tl.int64)
     q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
     kv_len = tl.load(SL + r).to(tl.int64)
-    if mb * BLOCK_M >= q_len * GROUP:
+    shift = (kv_len - q_len) % (BLOCK_M // GROUP) if ALIGNED else 0
+    if mb * BLOCK_M >= (q_len + shift) * GROUP:
         return
 
-    q, tok, head, row_ok, d, d_ok = gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, GROUP, HEAD_DIM,
-                                                   BLOCK_D, BLOCK_M, DOT_F32)
+    q, tok, head, row_ok, d, d_ok = gqa_query_tile(Q, stride_qt, stride_qh, q_start, q_len, kvh, mb, shift, GROUP,
+                                                   HEAD_DIM, BLOCK_D, BLOCK_M, DOT_F32)
     q_pos = kv_len - q_len + tok  # absolute position of each row's token
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     # keys past the last row's position are never visible: stop the loop there
-    last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP, q_len - 1)
+    last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP - shift, q_len - 1)
     hi = kv_len - q_len + last_tok + 1
     for start in range(0, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
@@ -184,11 +206,18 @@ def verify_attention_triton(
     seq_lens: torch.Tensor,
     sm_scale: float,
     max_seqlen_q: int | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Launch the Triton kernel; same contract as :func:`verify_attention_ref`.
 
     ``max_seqlen_q`` (the longest query of the batch) sizes the grid; when omitted it is read from
     ``cu_seqlens_q`` (one host sync).
+
+    ``batch_invariant``: every call runs :data:`PINNED_LAUNCH`'s config (not the autotuned one of its bucket) with
+    query tiles aligned at absolute positions, so a row's arithmetic is the same in every call: a token always takes
+    the same rows of its tile; its keys are folded in ``BLOCK_N`` tiles from position 0, and the tiles a longer call
+    adds after the row's last visible key are masked for it (its max stays, the rescale factor is ``exp2(0) = 1``,
+    it adds exact zeros); every ``tl.dot`` has one shape. Needs a power-of-two GQA group.
     """
     total_q, hq, head_dim = q.shape
     _, page_size, hkv, _ = k_cache.shape
@@ -201,8 +230,14 @@ def verify_attention_triton(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     rows = max_seqlen_q * group
     bucket = "decode" if rows <= 16 else "prefill"
-    cfg = launch_config("verify_attention", _DEFAULTS[bucket], q.device, bucket)
+    cfg = PINNED_LAUNCH.config if batch_invariant else launch_config("verify_attention", _DEFAULTS[bucket], q.device,
+                                                                      bucket)
     block_m = cfg["BLOCK_M"]
+    if batch_invariant:  # whole tokens per tile, aligned at absolute positions (a tile of leading padding at most)
+        block_m = max(block_m, triton.next_power_of_2(group))
+        if block_m % group:
+            raise ValueError(f"a batch-invariant launch needs a power-of-two GQA group, got {group}")
+        rows += block_m - group
     q = q.contiguous() if q.stride(-1) != 1 else q
     grid = (n_req, hkv, triton.cdiv(rows, block_m))
     _verify_attention_kernel[grid](
@@ -222,6 +257,7 @@ def verify_attention_triton(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter computes bf16 tl.dot wrongly (it has no bf16 matmul); upcast there only
         DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
+        ALIGNED=batch_invariant,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
