@@ -79,3 +79,12 @@ def test_verify_attention_triton_cuda(benchmark, q_lens, kv_lens):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernel is timed on CUDA only (the interpreter is not a speed reference)")
     _run(benchmark, torch.device("cuda"), q_lens, kv_lens, "triton", torch.bfloat16)
+
+
+@pytest.mark.parametrize("q_lens,kv_lens", GPU_SHAPES)
+def test_verify_attention_triton_cuda_batch_invariant(benchmark, q_lens, kv_lens):
+    """The pinned, position-aligned launch (``plan_verify_attention(..., batch_invariant=True)``) at the same shapes."""
+    if not torch.cuda.is_available():
+        pytest.skip("the Triton kernel is timed on CUDA only (the interpreter is not a speed reference)")
+    _run(benchmark, torch.device("cuda"), q_lens, kv_lens, "triton", torch.bfloat16, planned=True,
+         batch_invariant=True)
