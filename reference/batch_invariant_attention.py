@@ -17,7 +17,7 @@ fixes the arithmetic of every row instead:
   and a prefill give the row the same bits.
 
 A decoded token still fills a 4-row tile, and the op count is higher: at the shipped target's shapes the attention
-costs about 2x the fused path's, the target's decode step about 1.3-1.6x (``perf/test_verify_attention_bench.py``,
+costs about 2.5x the fused path's, a target forward about 1.3x (``perf/test_verify_attention_bench.py``,
 ``perf/test_target_forward_bench.py``). Opt in with ``load_model(..., batch_invariant=True)``. The GEMMs around it
 must be row-invariant too (this CPU's bf16 GEMMs are; see README, *Exactness at T = 0*).
 """
