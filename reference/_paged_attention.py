@@ -133,18 +133,24 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
-class AttentionPlan:
-    """The index work of one attention call over ``total_q`` query rows and a cache with ``page_size`` slots per page;
-    reusable by every call with the same page table, offsets and lengths (every layer of a forward)."""
+class PlannedCall:
+    """What every attention plan is made for: ``total_q`` query rows and a cache with ``page_size`` slots per page."""
 
     total_q: int
     page_size: int
-    groups: tuple[GroupPlan, ...]
 
     def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
         if q.shape[0] != self.total_q or k_cache.shape[1] != self.page_size:
             raise ValueError(f"plan was made for {self.total_q} query rows and page size {self.page_size}, got "
                              f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
+
+
+@dataclass(frozen=True)
+class AttentionPlan(PlannedCall):
+    """The index work of one attention call; reusable by every call with the same page table, offsets and lengths
+    (every layer of a forward)."""
+
+    groups: tuple[GroupPlan, ...]
 
 
 def mask_or_none(allowed: torch.Tensor) -> torch.Tensor | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._paged_attention import SCORE_BUDGET, PagedRead, request_groups
+from ._paged_attention import SCORE_BUDGET, PagedRead, PlannedCall, request_groups
 
 QUERY_TILE = 4
 KEY_BLOCK = 64
@@ -56,17 +56,10 @@ class TiledGroupPlan:
 
 
 @dataclass(frozen=True)
-class BatchInvariantPlan:
+class BatchInvariantPlan(PlannedCall):
     """The index work of one batch-invariant attention call (every layer of a forward shares it)."""
 
-    total_q: int
-    page_size: int
     groups: tuple[TiledGroupPlan, ...]
-
-    def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
-        if q.shape[0] != self.total_q or k_cache.shape[1] != self.page_size:
-            raise ValueError(f"plan was made for {self.total_q} query rows and page size {self.page_size}, got "
-                             f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
 
 
 def _segments(cu: list[int], q_lens: list[int], kv_lens: list[int]) -> list[tuple[int, int, int, int]]:
