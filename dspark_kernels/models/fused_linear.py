@@ -49,16 +49,19 @@ class FusedLinear:
         self._views = [part.weight.data_ptr() for part in parts]
         self._packs: dict[int, dict] = {}  # per ``first``: the prepacked weight rows (:func:`low_precision_linear`)
 
-    def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
-        """``x [T, in]`` (any float dtype) -> one ``[T, out_i]`` view per part from part ``first`` on (a GEMM over
-        those parts' rows only), in ``x``'s dtype (the GEMM runs in the weight dtype, like
+    def output(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """``x [T, in]`` (any float dtype) -> ``[T, sum(out_i)]``: the outputs of the parts from ``first`` on side by
+        side (a GEMM over those parts' rows only), in ``x``'s dtype (the GEMM runs in the weight dtype, like
         :class:`~.gemm_dtype.CastGemmLinear`)."""
         if any(part.weight.data_ptr() != view for part, view in zip(self.parts, self._views)):
             raise RuntimeError("a fused layer's weight was replaced after fusion; fuse again after loading")
         skip = sum(self.sizes[:first])
         bias = None if self.bias is None else self.bias[skip:]
-        y = low_precision_linear(x, self.weight[skip:], bias, self._packs.setdefault(first, {}))
-        return y.split(self.sizes[first:], dim=-1)
+        return low_precision_linear(x, self.weight[skip:], bias, self._packs.setdefault(first, {}))
+
+    def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
+        """:meth:`output` as one ``[T, out_i]`` view per part from part ``first`` on."""
+        return self.output(x, first).split(self.sizes[first:], dim=-1)
 
     __call__ = forward
 

@@ -53,9 +53,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self.normalize(x)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """``x / sqrt(mean(x^2) + eps)`` over the last dim (fp32 statistics, the input dtype), before the weight."""
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -95,11 +98,21 @@ class Attention(nn.Module):
     def queries_keys_values(self, x: torch.Tensor, cos: torch.Tensor,
                             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`queries` and :meth:`keys_values` of the same ``x``: one GEMM when the projections are fused
-        (:func:`~.fused_linear.fuse_projections`), three otherwise."""
+        (:func:`~.fused_linear.fuse_projections`), three otherwise.
+
+        Fused, the query and key heads sit side by side in the GEMM's output and go through the q/k norm and RoPE
+        as one ``[T, Hq + Hkv, D]`` tensor (each head row with its own norm's weight): the same arithmetic per element
+        as two separate passes, in half the ops. ``q`` and ``k`` are then views of that tensor."""
         if self.fused_qkv is None:
             return (self.queries(x, cos, sin), *self.keys_values(x, cos, sin))
-        q, k, v = self.fused_qkv(x)
-        return (self._rope_queries(q, cos, sin), *self._rope_keys_values(k, v, cos, sin))
+        t, heads = x.shape[0], self.hq + self.hkv
+        y = self.fused_qkv.output(x)
+        qk = y[:, : heads * self.d].reshape(t, heads, self.d)
+        if self.qk_norm:
+            weights = (self.q_norm.weight.expand(self.hq, self.d), self.k_norm.weight.expand(self.hkv, self.d))
+            qk = torch.cat(weights) * self.q_norm.normalize(qk)
+        qk = apply_rope(qk, cos, sin)
+        return qk[:, : self.hq], qk[:, self.hq:], y[:, heads * self.d:].reshape(t, self.hkv, self.d)
 
     def _rope_queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q = q.reshape(q.shape[0], self.hq, self.d)
