@@ -93,9 +93,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="dtype of the linear layers' weights for every method (activations stay fp32); the shipped "
                         "checkpoints are bf16, and bf16 GEMMs make a multi-token verify cheap on a CPU")
     p.add_argument("--batch-invariant", action="store_true",
-                   help="the target's attention through the batch-invariant reference: a token's logits do not depend "
-                        "on how many tokens share its forward, so at T=0 every method reproduces AR bit for bit on any "
-                        "prompt (slower attention; CPU path only)")
+                   help="batch-invariant attention in the target: a token's logits do not depend on how many tokens "
+                        "share its forward, so at T=0 every method reproduces AR bit for bit on any prompt (slower "
+                        "attention on the CPU)")
     p.add_argument("--json", type=Path, help="write machine-readable stats here")
     args = p.parse_args(argv)
     if args.repeats < 1:

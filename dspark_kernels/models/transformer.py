@@ -202,7 +202,7 @@ class CausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._inv_freq: dict[torch.device, torch.Tensor] = {}
-        # attention whose rows do not depend on the batch (reference path; see load_model)
+        # attention whose rows do not depend on the batch (see load_model)
         self.batch_invariant = False
 
     @property
