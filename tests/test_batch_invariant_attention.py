@@ -49,6 +49,21 @@ def test_never_reads_outside_the_requests_tokens():
     assert torch.equal(out, invariant(q, k, v, pt, cu, lens))
 
 
+def test_bad_input_is_refused():
+    """A plan made for other lengths or another page size, and a Triton launch with a GQA group that does not divide
+    its tile, raise errors that name the problem."""
+    q, k, v, pt, cu, lens = make_paged_batch([3, 1], [70, 5], 4, 2, 32, 8)
+    plan = plan_verify_attention(pt, cu, lens, 8, 4, impl="torch", batch_invariant=True)
+    with pytest.raises(ValueError, match="plan was made for 4 query rows"):
+        verify_attention(q[:3], k, v, pt, cu, lens, impl="torch", plan=plan, check_inputs=False)
+    with pytest.raises(ValueError, match="page size 8"):
+        verify_attention(q, k.view(-1, 4, 2, 32), v.view(-1, 4, 2, 32), pt, cu, lens, impl="torch", plan=plan,
+                         check_inputs=False)
+    q3, k3, v3, pt3, cu3, lens3 = make_paged_batch([2], [9], 6, 2, 32, 8)  # 3 query heads per KV head
+    with pytest.raises(ValueError, match="power-of-two GQA group"):
+        verify_attention(q3, k3, v3, pt3, cu3, lens3, impl="triton", plan=PINNED_LAUNCH)
+
+
 def _one_request_cache(length, hkv, d, page_size, seed):
     """A single request's keys/values for positions ``0 .. length - 1`` in shuffled pages."""
     g = torch.Generator().manual_seed(seed)
