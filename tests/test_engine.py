@@ -482,7 +482,7 @@ def test_live_baselines_pay_only_for_their_own_drafts(target, drafter, tmp_path)
     assert g_mtp == 1 and mtp.config.name == "mtp1"
 
 
-@pytest.mark.parametrize("mode", ["replay", "live"])
+@pytest.mark.parametrize("mode", ["replay", "live", "live-invariant"])
 def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     import argparse
 
@@ -495,12 +495,15 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     make_drafter(load_model(tmp_path / "target")).save(tmp_path / "drafter")
     parser = argparse.ArgumentParser()
     serving.add_arguments(parser)
+    invariant = mode == "live-invariant"
+    mode = "live" if invariant else mode
     args = parser.parse_args(["--mode", mode, "--model", str(tmp_path / "target"), "--drafter",
                               str(tmp_path / "drafter"), "--gamma", "3", "--max-new-tokens", "6", "--prompt-len", "5",
                               "--trace-prompts", "4", "--corpus", str(tmp_path / "none"), "--sps-dir",
                               str(tmp_path / "sps"), "--json", str(tmp_path / "out.json"), "--concurrency", "1", "2",
                               "--policies", "none", "mtp1", "dspark", "dspark+gate", "oracle",
-                              "--mtp1-drafter", str(tmp_path / "no_mtp1"), "--repeats", "2"])
+                              "--mtp1-drafter", str(tmp_path / "no_mtp1"), "--repeats", "2"]
+                             + (["--batch-invariant"] if invariant else []))
     with pytest.raises(ValueError, match="--length-range must be in"):
         serving.main(argparse.Namespace(**{**vars(args), "length_range": 1.0}))
     serving.main(args)
@@ -514,7 +517,10 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
     if mode == "live":
         assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
-        assert len(list((tmp_path / "sps").glob("*.json"))) == 2  # the target's verify steps, the draft rounds
+        profiles = list((tmp_path / "sps").glob("*.json"))
+        assert len(profiles) == 2  # the target's verify steps, the draft rounds
+        assert all(("invariant" in p.name) == invariant for p in profiles)
+        assert data["settings"]["batch_invariant"] is invariant
         assert data["settings"]["length_range"] == 0.5
         paired = data["readouts"]["paired_system_tps_ratios"]
         assert set(paired) == {"1", "2"} and all(row["none"] == {"vs_none": 1.0} for row in paired.values())

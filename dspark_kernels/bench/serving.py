@@ -155,8 +155,9 @@ def _live_profile(args, model: str, size: int, measure) -> tuple[SPSProfile, str
 
 
 def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
-    # bf16 GEMMs give other profiles than fp32 ones
-    suffix = "" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}"
+    # bf16 GEMMs and the batch-invariant attention give other profiles than fp32 GEMMs and the fused attention
+    suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
+        ("+batch-invariant" if args.batch_invariant else "")
     max_c, target_name = max(args.concurrency), Path(args.model).name
     profile, where = _live_profile(args, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
@@ -363,7 +364,7 @@ def write_csv(points: list[dict], path: Path) -> None:
 def run(args: argparse.Namespace) -> dict:
     if not (Path(args.model) / "config.json").exists():
         raise FileNotFoundError(f"no target model at {args.model} (config.json missing); pass --model")
-    target = load_model(args.model, gemm_dtype=args.gemm_dtype)
+    target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
     drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)
     cal = Calibration.of(Path(args.drafter), args.gamma)
     runner = run_live if args.mode == "live" else run_replay
@@ -377,7 +378,7 @@ def run(args: argparse.Namespace) -> dict:
                      "length_range": args.length_range if args.mode == "live" else None,
                      "prompt_len": args.prompt_len, "calibrated": cal.temperatures is not None,
                      "gate_prior": cal.prior_survival, "seed": args.seed,
-                     "gemm_dtype": args.gemm_dtype},
+                     "gemm_dtype": args.gemm_dtype, "batch_invariant": args.batch_invariant},
         "points": points,
     }
     data["readouts"] = readouts(points, args.speeds)
@@ -415,6 +416,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="live: linear-layer weight dtype of target and drafter (bfloat16: weight-only bf16 GEMMs)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="live: the target with batch-invariant attention (a request's greedy output does not depend on "
+                        "what it is batched with): what deterministic serving costs")
     p.add_argument("--json", type=Path, default=Path("results/serving.json"))
 
 
