@@ -15,7 +15,9 @@ This one op serves prefill (q_len = prompt), decode (q_len = 1) and verify (q_le
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import triton
@@ -131,12 +133,12 @@ _DEFAULTS = {
 class PinnedLaunch:
     """The Triton kernel's batch-invariant "plan": launch every call with ``config``, whatever its shape."""
 
-    config: dict
+    config: Mapping[str, int]
 
 
 # One config for every call: the autotuned configs differ by bucket (decode vs prefill), and a different BLOCK_M,
-# BLOCK_N or warp count changes how a row's sums are blocked.
-PINNED_LAUNCH = PinnedLaunch(dict(_DEFAULTS["decode"]))
+# BLOCK_N or warp count changes how a row's sums are blocked. Read-only, so no caller can change it for the others.
+PINNED_LAUNCH = PinnedLaunch(MappingProxyType(dict(_DEFAULTS["decode"])))
 
 
 @triton.jit
