@@ -97,7 +97,7 @@ def verify_attention(
         return batch_invariant_attention(q, k_cache, v_cache, plan, scale)
     if isinstance(plan, PinnedLaunch) or resolve_impl(impl, q.device) == "triton":
         return verify_attention_triton(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, max_seqlen_q,
-                                       batch_invariant=isinstance(plan, PinnedLaunch))
+                                       pinned=plan if isinstance(plan, PinnedLaunch) else None)
     return verify_attention_ref(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, scale, plan)
 
 
@@ -208,18 +208,18 @@ def verify_attention_triton(
     seq_lens: torch.Tensor,
     sm_scale: float,
     max_seqlen_q: int | None = None,
-    batch_invariant: bool = False,
+    pinned: PinnedLaunch | None = None,
 ) -> torch.Tensor:
     """Launch the Triton kernel; same contract as :func:`verify_attention_ref`.
 
     ``max_seqlen_q`` (the longest query of the batch) sizes the grid; when omitted it is read from
     ``cu_seqlens_q`` (one host sync).
 
-    ``batch_invariant``: every call runs :data:`PINNED_LAUNCH`'s config (not the autotuned one of its bucket) with
-    query tiles aligned at absolute positions, so a row's arithmetic is the same in every call: a token always takes
-    the same rows of its tile; its keys are folded in ``BLOCK_N`` tiles from position 0, and the tiles a longer call
-    adds after the row's last visible key are masked for it (its max stays, the rescale factor is ``exp2(0) = 1``,
-    it adds exact zeros); every ``tl.dot`` has one shape. Needs a power-of-two GQA group.
+    ``pinned`` (batch invariance, e.g. :data:`PINNED_LAUNCH`): every call runs its config (not the autotuned one of its
+    bucket) with query tiles aligned at absolute positions, so a row's arithmetic is the same in every call: a token
+    always takes the same rows of its tile; its keys are folded in ``BLOCK_N`` tiles from position 0, and the tiles a
+    longer call adds after the row's last visible key are masked for it (its max stays, the rescale factor is
+    ``exp2(0) = 1``, it adds exact zeros); every ``tl.dot`` has one shape. Needs a power-of-two GQA group.
     """
     total_q, hq, head_dim = q.shape
     _, page_size, hkv, _ = k_cache.shape
@@ -232,11 +232,12 @@ def verify_attention_triton(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     rows = max_seqlen_q * group
     bucket = "decode" if rows <= 16 else "prefill"
-    cfg = PINNED_LAUNCH.config if batch_invariant else launch_config("verify_attention", _DEFAULTS[bucket], q.device,
-                                                                      bucket)
-    block_m = cfg["BLOCK_M"]
-    if batch_invariant:  # whole tokens per tile, aligned at absolute positions (a tile of leading padding at most)
-        block_m = max(block_m, triton.next_power_of_2(group))
+    if pinned is None:
+        cfg = launch_config("verify_attention", _DEFAULTS[bucket], q.device, bucket)
+        block_m = cfg["BLOCK_M"]
+    else:  # whole tokens per tile, aligned at absolute positions (a tile of leading padding at most)
+        cfg = pinned.config
+        block_m = max(cfg["BLOCK_M"], triton.next_power_of_2(group))
         if block_m % group:
             raise ValueError(f"a batch-invariant launch needs a power-of-two GQA group, got {group}")
         rows += block_m - group
@@ -259,7 +260,7 @@ def verify_attention_triton(
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter computes bf16 tl.dot wrongly (it has no bf16 matmul); upcast there only
         DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
-        ALIGNED=batch_invariant,
+        ALIGNED=pinned is not None,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
