@@ -11,12 +11,12 @@ from dspark_kernels.demo import ASSETS
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
 from dspark_kernels.engine.speculative import speculative_generate
-from dspark_kernels.engine.sps import SPSProfile
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import plan_verify_attention, verify_attention
 from dspark_kernels.ops.verify_attention import PINNED_LAUNCH
 from dspark_kernels.reference.batch_invariant_attention import KEY_BLOCK, QUERY_TILE
+from tests.test_engine import linear_profile
 from tests.test_verify_attention import CASES, dense_oracle, make_paged_batch, poison_unused
 
 
@@ -175,8 +175,7 @@ def test_bf16_engine_reproduces_ar_for_every_policy(policy):
     target = load_model(ASSETS / "target", gemm_dtype="bfloat16", batch_invariant=True)
     drafter = load_drafter(ASSETS / "drafters" / "dspark", target, gemm_dtype="bfloat16")
     ar = [generate(target, [p], 16).tokens[0] for p in DIVERGING]
-    sizes = tuple(range(1, 17))
-    profile = SPSProfile("test", "shipped", sizes, (tuple(1.0 / (1.0 + b / 6.0) for b in sizes),), source="modelled")
-    engine = Engine(target, drafter, make_policy(policy), profile, 7, page_size=16, max_batch=2, max_seq_len=64)
+    engine = Engine(target, drafter, make_policy(policy), linear_profile(16, 6.0), 7, page_size=16, max_batch=2,
+                    max_seq_len=64)
     out = run_closed_loop(engine, DIVERGING, 2, 16)
     assert [engine.requests[i].tokens for i in out["rids"]] == ar
