@@ -178,3 +178,44 @@ def test_traces_record_confidence_and_acceptance(target):
     conf, acc = res.extra["confidence_logits"], res.extra["accepted"]
     assert conf.shape == (res.rounds, 4) and acc.shape == (res.rounds,)
     assert torch.bincount(acc, minlength=5).tolist() == res.accept_hist
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temperature):
+    """A verify round with every length 0 (a plain step, :func:`plain_round`) emits, per request, the token the
+    rejection sampler draws from the target's row after zero drafts (the general path's call), keeps each anchor with
+    its target features, and grows each cache by one."""
+    from dspark_kernels.engine._common import PendingContext, Sampling, no_drafts, prefill, verify_round
+    from dspark_kernels.ops import rejection_sample
+    from dspark_kernels.ops.rejection_sample import rejection_noise
+
+    drafter = make_drafter(target)
+    prompts, rids = [[1, 5, 9, 13], [1, 40]], [0, 1]
+    samp = Sampling.of([temperature] * 2, [0, 0], [1.0, 1.0], [3, 4], [1, 1], target.device)
+    caches = []
+    for _ in range(2):
+        tcache, dstate = target.new_cache(8, 4), drafter.new_state(8, 4)
+        for rid in rids:
+            tcache.add_request(rid)
+            drafter.add_request(dstate, rid)
+        pending = PendingContext()
+        first = prefill(target, drafter, tcache, dstate, rids, prompts, samp,
+                        defer=lambda kept, pending=pending: pending.add(rids, kept))
+        caches.append(tcache)
+    anchors = torch.tensor(first)
+    rnd = verify_round(target, drafter, caches[0], rids, anchors, no_drafts(2, 3, target.device),
+                       torch.zeros(2, dtype=torch.int64), 3, samp)
+    cu = torch.arange(3, dtype=torch.int32)
+    fwd = target(anchors, cu, rids, caches[1], hidden_layers=drafter.feature_layers)
+    zero_cu = torch.zeros(3, dtype=torch.int32)
+    acc_u, smp_u = (None, None) if temperature == 0 else rejection_noise(samp.seed, samp.offset, zero_cu, 0,
+                                                                         max_spec_len=3)
+    ref = rejection_sample(torch.zeros(0, dtype=torch.int64), zero_cu, None, fwd.logits, samp.temperature,
+                           samp.top_k, samp.top_p, acc_u, smp_u, max_spec_len=3)
+    assert rnd.emitted == [[t] for t in ref.output_token_ids[:, 0].tolist()]
+    assert rnd.accepted == [0, 0] and rnd.num_accepted.tolist() == [0, 0]
+    ids, feats, kept_cu = rnd.kept
+    assert ids.tolist() == first and kept_cu.tolist() == [0, 1, 2]
+    torch.testing.assert_close(feats, torch.cat([fwd.hidden_states[i] for i in drafter.feature_layers], -1),
+                               rtol=0, atol=0)
+    assert [caches[0].length(r) for r in rids] == [len(p) + 1 for p in prompts]

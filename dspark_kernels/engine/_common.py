@@ -7,7 +7,8 @@
 * :func:`draft`: the drafter's ``gamma`` proposals with counter-based uniforms (:func:`no_drafts`: none);
 * :func:`verify_round`: one ragged verify of ``[anchor, d_1 .. d_{l_r}]`` per request (``l_r`` in 0..gamma), lossless
   rejection sampling, rollback of the rejected drafts in the target cache; returns the kept tokens and their features
-  for the drafter's context;
+  for the drafter's context (:func:`plain_round` when no request verifies a draft: a plain decode step);
+* :func:`next_tokens`: one token per logits row with no drafts (a prefill's, a plain step's);
 * :func:`finish_reason`: the length cap and EOS truncation of a request's emitted tokens.
 
 Randomness is counter-based: round ``t`` of a request with seed ``s`` draws from ``(s, t)`` only, so a request's
@@ -84,12 +85,21 @@ def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, 
         drafter.extend(dstate, list(rids), *kept)
     else:
         defer(kept)
-    zero_cu = torch.zeros(len(rids) + 1, dtype=torch.int32, device=dev)
-    acc_u, smp_u = (None, None) if sampling.greedy else rejection_noise(sampling.seed, sampling.offset, zero_cu, 0,
-                                                                        max_spec_len=0)
-    res = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, fwd.logits,
-                           sampling.temperature, sampling.top_k, sampling.top_p, acc_u, smp_u, max_spec_len=0,
-                           impl=impl, check_inputs=False)
+    return next_tokens(fwd.logits, sampling, impl)
+
+
+def next_tokens(logits: torch.Tensor, sampling: Sampling, impl: str | None = None) -> list[int]:
+    """One token per row of ``logits [R, V]`` with no drafts to verify (a prefill's or a plain step's): the
+    lowest-index argmax when every request is greedy, else :func:`rejection_sample` with zero drafts and the
+    requests' noise of round ``sampling.offset``."""
+    if sampling.greedy:
+        return logits.argmax(dim=1).tolist()
+    dev, r = logits.device, logits.shape[0]
+    zero_cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
+    acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, zero_cu, 0, max_spec_len=0)
+    res = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, logits, sampling.temperature,
+                           sampling.top_k, sampling.top_p, acc_u, smp_u, max_spec_len=0, impl=impl,
+                           check_inputs=False)
     return res.output_token_ids[:, 0].tolist()
 
 
@@ -174,6 +184,8 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     r = len(rids)
     lens = verify_lens.to(dev, torch.int64)
     lens_host = lens.tolist()
+    if not any(lens_host):
+        return plain_round(target, drafter, tcache, rids, anchors, sampling, impl)
     drafts = drafted.tokens.view(r, gamma)
     draft_mask = torch.arange(gamma, device=dev)[None, :] < lens[:, None]
     block = torch.cat([anchors[:, None], drafts], dim=1)
@@ -204,6 +216,22 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     keep_cu = torch.tensor([0] + [a + 1 for a in accepted], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
     kept = (tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
     return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)], kept)
+
+
+def plain_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anchors: torch.Tensor,
+                sampling: Sampling, impl: str | None = None) -> RoundOutput:
+    """A round in which no request verifies a draft (a plain decode step): one target forward over the anchors
+    ``[R]``, each request's token drawn from its row exactly as :func:`verify_round` draws it after zero accepted
+    drafts (the argmax when every request is greedy, else the same rejection-sampling noise). It skips the draft
+    bookkeeping: nothing to mask, roll back or gather (every anchor is kept, with its features)."""
+    dev = anchors.device
+    r = len(rids)
+    layers = tuple(drafter.feature_layers)
+    cu = torch.arange(r + 1, dtype=torch.int32, device=dev)
+    fwd = target(anchors, cu, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
+    tokens = next_tokens(fwd.logits, sampling, impl)
+    kept = (anchors, features_of(fwd.hidden_states, layers), cu)
+    return RoundOutput(torch.zeros(r, dtype=torch.int32, device=dev), [0] * r, [[t] for t in tokens], kept)
 
 
 def finish_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> str | None:
