@@ -10,7 +10,13 @@
 
 import pytest
 
-from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts, cli_gamma, measure_round_costs
+from dspark_kernels.engine.draft_length import (
+    AdaptiveDraftLength,
+    RoundCosts,
+    _TimedDecode,
+    cli_gamma,
+    measure_round_costs,
+)
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate
 from tests.lossless import assert_follows_target
@@ -182,3 +188,13 @@ def test_measure_round_costs(target):  # noqa: F811
         measure_round_costs(target, drafter, [1, 5], 4, repeats=0)
     with pytest.raises(ValueError, match="prompt"):
         measure_round_costs(target, drafter, [], 4)
+
+
+@pytest.mark.parametrize("k", [0, 1, 5])
+def test_timed_rounds_decode_the_greedy_text(target, k):  # noqa: F811
+    """The rounds measure_round_costs times are a real greedy decode (drafts verified and kept, context taken in)."""
+    decode = _TimedDecode(target, make_drafter(target), [1, 5, 9, 13], k, rounds=6)
+    for _ in range(6):
+        assert decode.round() > 0
+    ar = generate(target, [[1, 5, 9, 13]], len(decode.tokens), temperature=0.0)
+    assert decode.tokens == ar.tokens[0] and len(decode.tokens) >= 7

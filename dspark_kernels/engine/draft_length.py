@@ -160,47 +160,63 @@ class AdaptiveDraftLength:
 
 
 def measure_round_costs(target: CausalLM, drafter: Drafter, prompt: Sequence[int], gamma: int,
-                        repeats: int = 10) -> RoundCosts:
+                        repeats: int = 16) -> RoundCosts:
     """Time greedy rounds at batch 1 on ``prompt`` and fit :class:`RoundCosts` through them.
 
-    Three runs from the prompt: plain decode steps, rounds of 1 draft and rounds of ``gamma`` drafts. Every round
-    verifies all its drafts and keeps what the target accepts, so the next draft takes in a realistic context chunk.
-    Each run times ``repeats`` rounds after two warm-up rounds and keeps the fastest (the least disturbed by the rest
-    of the machine); ``prompt`` plus ``(repeats + 2) * (gamma + 1)`` tokens must fit the target's positions."""
+    Three decodes from the prompt, each with its own caches: plain decode steps, rounds of 1 draft and rounds of
+    ``gamma`` drafts. Every round verifies all its drafts and keeps what the target accepts, so the next draft takes in
+    a realistic context chunk. The three take turns, one round each, so a slow spell of the machine hits all three
+    alike; each is timed by its fastest of ``repeats`` rounds after two warm-up rounds. ``prompt`` plus
+    ``(repeats + 2) * (gamma + 1)`` tokens must fit the target's positions."""
     if not isinstance(gamma, int) or gamma < 2:
         raise ValueError(f"gamma must be an int >= 2 (two draft lengths are fitted), got {gamma!r}")
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not prompt:
         raise ValueError("prompt must hold at least one token")
-    plain, one, full = (_fastest_round_seconds(target, drafter, list(prompt), k, repeats) for k in (0, 1, gamma))
+    warmup = 2
+    decodes = [_TimedDecode(target, drafter, list(prompt), k, warmup + repeats) for k in (0, 1, gamma)]
+    seconds: list[list[float]] = [[] for _ in decodes]
+    for _ in range(warmup + repeats):
+        for decode, times in zip(decodes, seconds):
+            times.append(decode.round())
+    plain, one, full = (min(times[warmup:]) for times in seconds)
     per_token = max(full - one, 0.0) / (gamma - 1)
     return RoundCosts(fixed=max(one - per_token - plain, 0.0) / plain, per_token=per_token / plain)
 
 
-def _fastest_round_seconds(target: CausalLM, drafter: Drafter, prompt: list[int], k: int, repeats: int) -> float:
-    """Fastest of ``repeats`` greedy batch-1 rounds of ``k`` drafts (0: plain steps) after two warm-ups, seconds."""
-    dev, page, warmup = target.device, 16, 2
-    pages = -(-(len(prompt) + (repeats + warmup) * (k + 1) + k + 1) // page)
-    tcache, dstate = target.new_cache(pages, page), drafter.new_state(pages, page)
-    tcache.add_request(0)
-    drafter.add_request(dstate, 0)
-    samp = Sampling.of([0.0], [0], [1.0], [0], [0], dev)
-    pending = PendingContext()
-    anchor = prefill(target, drafter, tcache, dstate, [0], [prompt], samp, defer=lambda kept: pending.add([0], kept))[0]
-    lens = torch.tensor([k], dtype=torch.int64, device=dev)
-    seconds = []
-    for _ in range(warmup + repeats):
-        anchors = torch.tensor([anchor], dtype=torch.int64, device=dev)
+class _TimedDecode:
+    """A greedy batch-1 decode of ``prompt`` in rounds of ``k`` drafts (0: plain steps), with room for ``rounds``
+    rounds; :meth:`round` runs the next one and returns its seconds; ``tokens`` holds the decoded tokens."""
+
+    def __init__(self, target: CausalLM, drafter: Drafter, prompt: list[int], k: int, rounds: int) -> None:
+        dev, page = target.device, 16
+        pages = -(-(len(prompt) + rounds * (k + 1) + k + 1) // page)
+        self.target, self.drafter, self.k, self.dev = target, drafter, k, dev
+        self.tcache, self.dstate = target.new_cache(pages, page), drafter.new_state(pages, page)
+        self.tcache.add_request(0)
+        drafter.add_request(self.dstate, 0)
+        self.samp = Sampling.of([0.0], [0], [1.0], [0], [0], dev)
+        self.pending = PendingContext()
+        self.anchor = prefill(target, drafter, self.tcache, self.dstate, [0], [prompt], self.samp,
+                              defer=lambda kept: self.pending.add([0], kept))[0]
+        self.tokens = [self.anchor]
+        self.lens = torch.tensor([k], dtype=torch.int64, device=dev)
+
+    def round(self) -> float:
+        anchors = torch.tensor([self.anchor], dtype=torch.int64, device=self.dev)
         t0 = time.perf_counter()
-        if k == 0:
-            drafted = no_drafts(1, 1, dev)
+        if self.k == 0:
+            drafted = no_drafts(1, 1, self.dev)
         else:
-            drafted = draft(drafter, dstate, [0], anchors, k, samp, context=pending.take([0], dev))
-        rnd = verify_round(target, drafter, tcache, [0], anchors, drafted, lens, max(k, 1), samp)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        seconds.append(time.perf_counter() - t0)
-        pending.add([0], rnd.kept)
-        anchor = rnd.emitted[0][-1]
-    return min(seconds[warmup:])
+            drafted = draft(self.drafter, self.dstate, [0], anchors, self.k, self.samp,
+                            context=self.pending.take([0], self.dev))
+        rnd = verify_round(self.target, self.drafter, self.tcache, [0], anchors, drafted, self.lens, max(self.k, 1),
+                           self.samp)
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize(self.dev)
+        seconds = time.perf_counter() - t0
+        self.pending.add([0], rnd.kept)
+        self.tokens += rnd.emitted[0]
+        self.anchor = self.tokens[-1]
+        return seconds
