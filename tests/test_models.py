@@ -18,6 +18,7 @@ from dspark_kernels.models import (  # noqa: E402
     OutOfPagesError,
     load_model,
 )
+from dspark_kernels.models.transformer import RMSNorm  # noqa: E402
 
 V = 300
 RTOL = 1e-4
@@ -395,3 +396,16 @@ def test_generate_top_k_1_is_greedy(loaded):
     prompts = [torch.randint(0, V, (5,)).tolist()]
     greedy = generate(model, prompts, max_new_tokens=6).tokens
     assert generate(model, prompts, max_new_tokens=6, temperature=1.5, top_k=1, seeds=[3]).tokens == greedy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_normalize_is_the_five_op_formula_bit_for_bit(dtype):
+    """``RMSNorm.normalize`` (one ``F.rms_norm`` call) computes exactly ``x.float() * rsqrt(mean(x^2) + eps)`` cast
+    back, row by row and for head-shaped inputs, so swapping it in changed no logits."""
+    torch.manual_seed(0)
+    norm = RMSNorm(64, 1e-6)
+    for shape in [(1, 64), (13, 64), (5, 6, 64)]:
+        x = (torch.randn(shape) * 3).to(dtype)
+        xf = x.float()
+        expected = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+        assert torch.equal(norm.normalize(x), expected)

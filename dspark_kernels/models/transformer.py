@@ -56,9 +56,11 @@ class RMSNorm(nn.Module):
         return self.weight * self.normalize(x)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """``x / sqrt(mean(x^2) + eps)`` over the last dim (fp32 statistics, the input dtype), before the weight."""
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        """``x / sqrt(mean(x^2) + eps)`` over the last dim (fp32 statistics, the input dtype), before the weight.
+
+        ``F.rms_norm`` without a weight: the same arithmetic as ``x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)``
+        cast back (bit-identical in fp32, bf16 and fp16, tested) in one op instead of five."""
+        return F.rms_norm(x, (x.shape[-1],), None, self.eps)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
