@@ -42,16 +42,24 @@ class PagedRead:
     """Where ``n`` requests' first ``length`` cached positions live: ``slots [n * length]`` flat cache rows (a
     position at or past its request's length reads slot 0) and ``outside [m]``, the flat indices of those positions,
     which :meth:`gather` zeroes: neither the page table's unused entries nor the stale slots of a live cache are read
-    (they may hold anything, and a masked NaN still poisons attention)."""
+    (they may hold anything, and a masked NaN still poisons attention).
+
+    ``start``: when the read is one run of consecutive flat slots (a single request whose pages are consecutive, as
+    a request decoding alone gets them from the pool), its first slot, and ``slots``/``outside`` are ``None``: the
+    read is then a slice of the cache, not a gather."""
 
     n: int
     length: int
-    slots: torch.Tensor
-    outside: torch.Tensor
+    slots: torch.Tensor | None
+    outside: torch.Tensor | None
+    start: int | None = None
 
     @classmethod
     def of(cls, page_table: torch.Tensor, lens: torch.Tensor, length: int, page_size: int) -> PagedRead:
         """``page_table [n, max_pages]``, ``lens [n]``: read positions ``0 .. length - 1`` of every request."""
+        start = _single_run(page_table, lens, length, page_size)
+        if start is not None:
+            return cls(1, length, None, None, start)
         pos = torch.arange(length, device=page_table.device)
         beyond = pos >= lens[:, None]
         pages = (pos // page_size).clamp(max=max(page_table.shape[1] - 1, 0))  # past the table: masked below
@@ -59,8 +67,12 @@ class PagedRead:
         return cls(page_table.shape[0], length, slots.reshape(-1), beyond.reshape(-1).nonzero().squeeze(1))
 
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
-        """``cache [num_pages, page_size, Hkv, D]`` -> ``[n, length, Hkv, D]`` (one flat gather: the fast path)."""
-        rows = cache.reshape(-1, *cache.shape[2:]).index_select(0, self.slots)
+        """``cache [num_pages, page_size, Hkv, D]`` -> ``[n, length, Hkv, D]`` (one flat gather: the fast path; a view
+        of ``cache`` for a single run, so callers only read it)."""
+        flat = cache.reshape(-1, *cache.shape[2:])
+        if self.start is not None:
+            return flat[self.start: self.start + self.length].view(1, self.length, *cache.shape[2:])
+        rows = flat.index_select(0, self.slots)
         if self.outside.numel():
             rows.view(rows.shape[0], -1).index_fill_(0, self.outside, 0)  # 8x faster than a masked fill
         return rows.view(self.n, self.length, *cache.shape[2:])
@@ -68,10 +80,27 @@ class PagedRead:
     def gather_heads_first(self, cache: torch.Tensor) -> torch.Tensor:
         """``cache [num_pages, page_size, H, D]`` -> contiguous ``[H, n, length, D]`` (one gather, head-major)."""
         heads = cache.shape[2]
-        rows = cache.reshape(-1, heads, cache.shape[3]).transpose(0, 1).index_select(1, self.slots)
-        if self.outside.numel():
-            rows.index_fill_(1, self.outside, 0)
+        by_head = cache.reshape(-1, heads, cache.shape[3]).transpose(0, 1)
+        if self.start is not None:
+            rows = by_head[:, self.start: self.start + self.length].contiguous()
+        else:
+            rows = by_head.index_select(1, self.slots)
+            if self.outside.numel():
+                rows.index_fill_(1, self.outside, 0)
         return rows.view(heads, self.n, self.length, cache.shape[3])
+
+
+def _single_run(page_table: torch.Tensor, lens: torch.Tensor, length: int, page_size: int) -> int | None:
+    """The first flat slot of positions ``0 .. length - 1`` when they are one run of consecutive slots: a single
+    request (``page_table [1, max_pages]``) holding all ``length`` positions (``lens [1]``) on consecutive pages;
+    else ``None``. Reads a few page ids on the host."""
+    if page_table.shape[0] != 1 or length == 0:
+        return None
+    need = -(-length // page_size)
+    if need > page_table.shape[1] or int(lens[0]) < length:
+        return None
+    pages = page_table[0, :need].tolist()
+    return pages[0] * page_size if pages == list(range(pages[0], pages[0] + need)) else None
 
 
 @dataclass(frozen=True)

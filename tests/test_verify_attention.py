@@ -217,3 +217,43 @@ def test_bad_impl_name():
     q, k, v, pt, cu, sl = make_paged_batch([1], [1], 2, 2, 64, 4)
     with pytest.raises(ValueError, match="impl must be one of"):
         verify_attention(q, k, v, pt, cu, sl, impl="cuda")
+
+
+@pytest.mark.parametrize("kv_len,page_size", [(37, 8), (1, 16), (64, 16)])
+def test_single_request_on_consecutive_pages_reads_a_slice(kv_len, page_size):
+    """A request decoding alone gets consecutive pages from the pool: the reference then reads its K/V as a slice of
+    the cache (no gather), with the same bits as the gather of the same contents on scattered pages."""
+    from dspark_kernels.reference._paged_attention import PagedRead
+
+    g = torch.Generator().manual_seed(1)
+    n_pages = math.ceil(kv_len / page_size)
+    k, v = (torch.randn(n_pages + 5, page_size, 2, 64, generator=g) for _ in range(2))
+    q = torch.randn(3, 4, 64, generator=g)
+    run = torch.arange(2, 2 + n_pages, dtype=torch.int32)[None]  # consecutive pages 2, 3, ...
+    scattered = torch.randperm(n_pages + 5, generator=g)[:n_pages].to(torch.int32)[None]
+    if n_pages > 1 and bool((scattered[0, 1:] - scattered[0, :-1] == 1).all()):
+        scattered = scattered.flip(1)
+    k2, v2 = k.clone(), v.clone()
+    k2[scattered[0].long()], v2[scattered[0].long()] = k[run[0].long()], v[run[0].long()]  # same contents elsewhere
+    sl, cu = torch.tensor([kv_len], dtype=torch.int32), torch.tensor([0, min(3, kv_len)], dtype=torch.int32)
+    q = q[: min(3, kv_len)]
+    read = PagedRead.of(run, sl.long(), kv_len, page_size)
+    assert read.start == 2 * page_size and read.slots is None
+    other = PagedRead.of(scattered, sl.long(), kv_len, page_size)
+    assert other.start is None or n_pages == 1
+    assert torch.equal(read.gather(k), other.gather(k2)) and read.gather(k).data_ptr() == k[2].data_ptr()
+    assert torch.equal(read.gather_heads_first(v), other.gather_heads_first(v2))
+    assert read.gather_heads_first(v).is_contiguous()
+    out = verify_attention(q, k, v, run, cu, sl, impl="torch")
+    assert torch.equal(out, verify_attention(q, k2, v2, scattered, cu, sl, impl="torch"))
+    torch.testing.assert_close(out, dense_oracle(q, k, v, run, cu, sl), rtol=1e-5, atol=1e-5)
+
+
+def test_a_read_past_a_request_length_or_of_several_requests_gathers():
+    from dspark_kernels.reference._paged_attention import PagedRead
+
+    pages = torch.tensor([[0, 1, 2]], dtype=torch.int32)
+    assert PagedRead.of(pages, torch.tensor([20]), 20, 8).start == 0
+    assert PagedRead.of(pages, torch.tensor([12]), 20, 8).start is None  # positions 12..19 are outside: zeroed
+    assert PagedRead.of(pages.repeat(2, 1), torch.tensor([20, 20]), 20, 8).start is None
+    assert PagedRead.of(torch.tensor([[0, 2, 1]], dtype=torch.int32), torch.tensor([20]), 20, 8).start is None
