@@ -87,8 +87,7 @@ def test_propose_takes_context_in_its_pass(target, impl):
     assert [caches[1].length(r) for r in range(3)] == [a + b for a, b in zip(first, new)]
     for layer in range(2):
         for rid in range(3):
-            slots = caches[0].slot_mapping(*caches[0].batch_tensors([rid]),
-                                           torch.tensor([0, caches[0].length(rid)], dtype=torch.int32))
+            slots = caches[0].token_slots([rid], [caches[0].length(rid)])[0]
             for kv0, kv1 in ((caches[0].k, caches[1].k), (caches[0].v, caches[1].v)):
                 flat0, flat1 = (kv[layer].flatten(0, 1) for kv in (kv0, kv1))
                 torch.testing.assert_close(flat1[slots], flat0[slots], rtol=1e-5, atol=1e-5)

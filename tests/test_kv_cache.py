@@ -89,13 +89,17 @@ def test_batch_tensors_and_write_scatter():
     assert lens.tolist() == [6, 1, 9] and table.shape == (3, 3)
     for r, rid in enumerate(rids):
         assert table[r, : len(c.pages(rid))].tolist() == c.pages(rid)
-    cu = torch.tensor([0, 2, 2, 4], dtype=torch.int32)
-    slots = c.slot_mapping(table, lens, cu)
-    expect = []
+    slots, positions = c.token_slots(rids, q_lens)
+    expect, expect_pos = [], []
     for rid, q in zip(rids, q_lens):
         for pos in range(c.length(rid) - q, c.length(rid)):
             expect.append(c.pages(rid)[pos // 4] * 4 + pos % 4)
-    assert slots.tolist() == expect
+            expect_pos.append(pos)
+    assert slots.tolist() == expect and positions.tolist() == expect_pos
+    assert slots.dtype == positions.dtype == torch.int64
+    assert c.token_slots(["c"], [9])[1].tolist() == list(range(9))  # a whole request
+    with pytest.raises(ValueError, match="count must be in"):
+        c.token_slots(["b"], [2])
     k = torch.randn(4, 2, 3)
     v = torch.randn(4, 2, 3)
     c.write(1, slots, k, v)

@@ -409,3 +409,20 @@ def test_rms_normalize_is_the_five_op_formula_bit_for_bit(dtype):
         xf = x.float()
         expected = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
         assert torch.equal(norm.normalize(x), expected)
+
+
+def test_rope_tables_give_hf_rotate_half_bit_for_bit(loaded):
+    """``apply_rope`` with :meth:`CausalLM._rope`'s tables (a roll and a sine with its first half negated) equals
+    HF's ``x * cos + rotate_half(x) * sin`` exactly."""
+    from dspark_kernels.models.transformer import apply_rope
+
+    model = loaded["qwen3"] if "qwen3" in loaded else next(iter(loaded.values()))
+    positions = torch.tensor([0, 1, 7, 300, 4095])
+    cos, sin = model._rope(positions, torch.float32)
+    d = cos.shape[-1]
+    freqs = positions.float()[:, None] * model.config.inv_freq(positions.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    x = torch.randn(5, 3, d)
+    rotate_half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+    expected = x * emb.cos()[:, None, :] + rotate_half * emb.sin()[:, None, :]
+    assert torch.equal(apply_rope(x, cos, sin), expected)

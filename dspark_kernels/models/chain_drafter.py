@@ -215,10 +215,7 @@ class ChainDrafter(nn.Module):
                     pend[i] = state.pending[rid]
             cache = state.cache
             cache.reserve_many(rids, n_pairs)
-            page_table, lens = cache.batch_tensors(rids, dev)
-            cu_pairs = torch.cat([cu_p, np_t.sum()[None]]).to(torch.int32)
-            pairs = (torch.cat([features, pend])[fidx], token_ids[tidx].long(),
-                     cache.slot_mapping(page_table, lens, cu_pairs), lens.long()[req] - np_t[req] + j)
+            pairs = (torch.cat([features, pend])[fidx], token_ids[tidx].long(), *cache.token_slots(rids, n_pairs, dev))
         for i, rid in enumerate(rids):
             if n_tok[i] > 0:
                 state.pending[rid] = features[cu_l[i + 1] - 1].clone()
@@ -295,7 +292,7 @@ class ChainDrafter(nn.Module):
                 if fused:
                     cache.write(0, pairs[2], kk[r:], vv[r:])
                     q, kk, vv = q[:r], kk[:r], vv[:r]
-                cache.write(0, cache.slot_mapping(page_table, lens, cu1), kk, vv)
+                cache.write(0, cache.token_slots(rids, [1] * r, dev)[0], kk, vv)
                 o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
                                      max_seqlen_q=1)
                 g = self.layer.finish(x, o.reshape(r, -1))

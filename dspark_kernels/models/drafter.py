@@ -198,18 +198,12 @@ class BlockDrafter(nn.Module):
         return PagedKVCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
                             dtype=self.dtype, device=self.device)
 
-    def _new_context(self, cache: PagedKVCache, page_table: torch.Tensor, ctx_lens: torch.Tensor,
-                     features: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _new_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], counts: Sequence[int],
+                     features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Cache slots ``[T]``, absolute positions ``[T]`` and ``H_ctx [T, hidden]`` of committed tokens (features
-        ``[T, m * hidden]``, requests flattened by ``cu [R + 1]``) already reserved as the last positions of each
-        request (``ctx_lens [R]`` counts them)."""
-        cu = cu.to(self.device)
-        slots = cache.slot_mapping(page_table, ctx_lens, cu)
-        q_len = (cu[1:] - cu[:-1]).long()
-        req = torch.repeat_interleave(torch.arange(q_len.numel(), device=self.device), q_len,
-                                      output_size=features.shape[0])
-        offset_in_chunk = torch.arange(req.numel(), device=self.device) - cu[:-1].long()[req]
-        positions = ctx_lens.long()[req] - q_len[req] + offset_in_chunk
+        ``[T, m * hidden]``, ``counts[r]`` of request ``request_ids[r]``) already reserved as the last positions of
+        each request."""
+        slots, positions = cache.token_slots(request_ids, counts, self.device)
         return slots, positions, self.context_features(features.to(self.device, self.dtype))
 
     @torch.inference_mode()
@@ -220,9 +214,9 @@ class BlockDrafter(nn.Module):
         Their positions continue each request's cached length. (:meth:`propose` with ``context`` does the same
         inside its pass.)
         """
-        cache.reserve_many(list(request_ids), (cu[1:] - cu[:-1]).tolist())
-        page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
-        slots, positions, h_ctx = self._new_context(cache, page_table, ctx_lens, features, cu)
+        counts = (cu[1:] - cu[:-1]).tolist()
+        cache.reserve_many(list(request_ids), counts)
+        slots, positions, h_ctx = self._new_context(cache, request_ids, counts, features)
         cos, sin = self._rope(positions, h_ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(h_ctx, cos, sin)
@@ -243,7 +237,8 @@ class BlockDrafter(nn.Module):
         n_req = len(request_ids)
         fresh = context is not None and context[1].shape[0] > 0
         if fresh:
-            cache.reserve_many(list(request_ids), (context[2][1:] - context[2][:-1]).tolist())
+            counts = (context[2][1:] - context[2][:-1]).tolist()
+            cache.reserve_many(list(request_ids), counts)
         page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
         ids = self.block_inputs(anchors.to(self.device).long(), gamma).reshape(-1)
         positions = (ctx_lens.long()[:, None] + torch.arange(gamma, device=self.device)[None, :]).reshape(-1)
@@ -251,7 +246,7 @@ class BlockDrafter(nn.Module):
         x = self.embed(ids).to(self.dtype)
         n_block = x.shape[0]
         if fresh:
-            slots, ctx_positions, h_ctx = self._new_context(cache, page_table, ctx_lens, context[1], context[2])
+            slots, ctx_positions, h_ctx = self._new_context(cache, request_ids, counts, context[1])
             positions = torch.cat([positions, ctx_positions])
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_draft_block_attention(page_table, cu, ctx_lens, cache.page_size,

@@ -63,14 +63,14 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), None, self.eps)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [T, H, D]`` with ``cos/sin [T, D]`` (non-interleaved halves, HF convention)."""
-    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+    """Rotate ``x [T, H, D]`` (non-interleaved halves, HF convention) with the tables of :meth:`CausalLM._rope`:
+    ``cos [T, 1, D]`` and ``sin [T, 1, D]`` with its first half negated.
+
+    HF's ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = (-x2, x1)`` is ``x * cos + (x2, x1) * (-s1, s2)``:
+    the same products (a negated factor is exact), so the same bits, with the swap a ``roll`` and no negation or
+    concatenation per call."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
 
 
 class Attention(nn.Module):
@@ -184,8 +184,8 @@ class _BatchCtx:
     seq_lens: torch.Tensor  # [R] int32, including the new tokens
     cu_seqlens_q: torch.Tensor  # [R + 1] int32
     slots: torch.Tensor  # [T] int64 flat cache slots of the new tokens
-    cos: torch.Tensor  # [T, D]
-    sin: torch.Tensor  # [T, D]
+    cos: torch.Tensor  # [T, 1, D] (CausalLM._rope)
+    sin: torch.Tensor  # [T, 1, D], first half negated
     impl: str | None
     check_inputs: bool
     max_seqlen_q: int  # longest query length (lets the Triton launch skip a host sync)
@@ -222,13 +222,15 @@ class CausalLM(nn.Module):
                             dtype=dtype or self.dtype, device=self.device)
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin [T, D]`` at absolute ``positions [T]`` (angles in fp32, cast to ``dtype``)."""
+        """Rotation tables at absolute ``positions [T]`` for :func:`apply_rope`: ``cos [T, 1, D]`` and ``sin
+        [T, 1, D]`` with its first half negated (angles in fp32, cast to ``dtype``)."""
         dev = positions.device
         if dev not in self._inv_freq:
             self._inv_freq[dev] = self.config.inv_freq(dev)
         freqs = positions.float()[:, None] * self._inv_freq[dev][None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        sin, half = emb.sin(), freqs.shape[1]
+        return emb.cos().to(dtype)[:, None], torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(dtype)[:, None]
 
     def _validate(self, input_ids, cu_seqlens_q, request_ids, cache, logits_indices, hidden_layers) -> list[int]:
         cfg = self.config
@@ -298,28 +300,23 @@ class CausalLM(nn.Module):
         try:
             with torch.inference_mode():
                 return self._forward(input_ids.to(dev), cu_seqlens_q.to(dev, torch.int32), request_ids, cache,
-                                     logits_indices, hidden_layers, impl, check_inputs, max(q_lens, default=0))
+                                     logits_indices, hidden_layers, impl, check_inputs, q_lens)
         except BaseException:
             for rid, n in zip(request_ids, q_lens):
                 cache.rollback(rid, n)
             raise
 
     def _forward(self, input_ids, cu, request_ids, cache, logits_indices, hidden_layers, impl, check_inputs,
-                 max_seqlen_q):
+                 q_lens):
         page_table, seq_lens = cache.batch_tensors(request_ids, self.device)
-        slots = cache.slot_mapping(page_table, seq_lens, cu)
-        # absolute positions of the new tokens (same arithmetic as the slot mapping)
-        cu64 = cu.long()
-        q_lens = cu64[1:] - cu64[:-1]
-        total = input_ids.shape[0]
-        req = torch.repeat_interleave(torch.arange(q_lens.numel(), device=cu.device), q_lens, output_size=total)
-        positions = seq_lens.long()[req] - q_lens[req] + (torch.arange(total, device=cu.device) - cu64[:-1][req])
+        slots, positions = cache.token_slots(request_ids, q_lens, self.device)  # of the new tokens
 
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_verify_attention(page_table, cu, seq_lens, cache.page_size, self.config.num_attention_heads,
                                      impl=impl, batch_invariant=self.batch_invariant)
-        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs, max_seqlen_q, plan)
+        ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs,
+                        max(q_lens, default=0), plan)
         wanted = set(hidden_layers)
         hidden: dict[int, torch.Tensor] = {}
         if -1 in wanted:
