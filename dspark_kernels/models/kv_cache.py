@@ -161,12 +161,9 @@ class PagedKVCache:
         device = self.device if device is None else torch.device(device)
         page_lists = [self._get(rid) for rid in rids]
         width = max([len(p) for p in page_lists] + [1])
-        table = torch.zeros((len(rids), width), dtype=torch.int32)
-        for r, p in enumerate(page_lists):
-            if p:
-                table[r, : len(p)] = torch.tensor(p, dtype=torch.int32)
-        lens = torch.tensor([self._lens[rid] for rid in rids], dtype=torch.int32)
-        return table.to(device), lens.to(device)
+        table = torch.tensor([p + [0] * (width - len(p)) for p in page_lists], dtype=torch.int32, device=device)
+        lens = torch.tensor([self._lens[rid] for rid in rids], dtype=torch.int32, device=device)
+        return table.view(len(rids), width), lens
 
     def token_slots(self, rids: Sequence[Hashable], counts: Sequence[int],
                     device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
