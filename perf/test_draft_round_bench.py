@@ -1,10 +1,13 @@
 """Cost of the sequential head inside a draft round, with the shipped target and DSpark drafter (CPU path).
 
-Times one draft-verify round at batch 1 and gamma 7, three ways, side by side in one run: the drafter's backbone pass,
-the sequential head op with the shipped Markov head (vanilla, rank 64), and the same op with no Markov bias (kind
-"none": the sampling a DFlash drafter needs anyway), plus the target's verify forward. The head's overhead on the round
-is ``(head_vanilla - head_none) / (backbone + head_vanilla + verify)`` (goal: <= 5% on the CPU path; the paper reports
-<= 1.3% on GPU). Every part runs with fp32 and with weight-only bf16 GEMMs (the demo's default).
+Times one draft-verify round at batch 1 and gamma 7, side by side in one run: the drafter's backbone pass, the
+sequential head op with the shipped Markov head (vanilla, rank 64) as the drafter runs it (``head_vanilla``: with the
+module's kept bias rows, :class:`~dspark_kernels.ops.sequential_head.MarkovBiasRows`, which hold this round's previous
+tokens after the first call) and without them (``head_vanilla_product``: every slot's bias multiplied out), the same op
+with no Markov bias (kind "none": the sampling a DFlash drafter needs anyway), and the target's verify forward. The
+head's overhead on the round is ``(head_vanilla - head_none) / (backbone + head_vanilla + verify)`` (goal: <= 5% on the
+CPU path; the paper reports <= 1.3% on GPU). Every part runs with fp32 and with weight-only bf16 GEMMs (the demo's
+default).
 """
 
 from pathlib import Path
@@ -49,7 +52,8 @@ def _head(setup, weights):
 
 def _parts(setup):
     target, drafter, tcache, dcache, anchor, prop = setup
-    w = drafter.head.weights()
+    with torch.inference_mode():  # as BlockDrafter.draft asks for them
+        w = drafter.head.weights()
     none = SequentialHeadWeights("none", conf_w=w.conf_w[: prop.hidden.shape[1]], conf_b=w.conf_b)
     block = torch.cat([anchor, torch.randint(4, 8192, (GAMMA,))])
     cu = torch.tensor([0, GAMMA + 1], dtype=torch.int32)
@@ -61,12 +65,13 @@ def _parts(setup):
     return {
         "backbone": lambda: drafter.propose(dcache, [0], anchor, GAMMA),
         "head_vanilla": _head(setup, w),
+        "head_vanilla_product": _head(setup, w._replace(bias_rows=None)),
         "head_none": _head(setup, none),
         "verify": verify,
     }
 
 
-@pytest.mark.parametrize("part", ["backbone", "head_vanilla", "head_none", "verify"])
+@pytest.mark.parametrize("part", ["backbone", "head_vanilla", "head_vanilla_product", "head_none", "verify"])
 def test_draft_round_part(benchmark, setup, part):
     fn = _parts(setup)[part]
     with torch.inference_mode():

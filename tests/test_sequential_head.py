@@ -470,3 +470,88 @@ def test_kernel_compiles_for_cuda():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------------------- kept bias rows (vanilla)
+
+
+def _single_row_bias(w: SequentialHeadWeights, token: int) -> torch.Tensor:
+    v = w.w2.shape[1]
+    return ref_module._MarkovBias(w.w2).add(torch.zeros(1, v), w.w1[token: token + 1])[0]
+
+
+@pytest.mark.parametrize("max_bytes", [64 << 20, 3 * 4 * 70, 1])
+def test_markov_bias_rows_are_each_tokens_single_row_product(max_bytes):
+    """Every row read back is the token's one-row product, whatever was kept before it, including when the table
+    starts over (room for three rows) or cannot hold a call's tokens at all (one row)."""
+    from dspark_kernels.ops.sequential_head import MarkovBiasRows
+
+    torch.manual_seed(0)
+    w = make_weights("vanilla", 70, 8, 6)
+    rows = MarkovBiasRows(w.w1, w.w2, max_bytes=max_bytes)
+    for tokens in ([3], [3, 3, 9], [9, 60, 3, 61], [0], [69, 68, 67, 66, 0]):
+        got = rows.rows(torch.tensor(tokens))
+        assert torch.equal(got, torch.stack([_single_row_bias(w, t) for t in tokens]))
+        assert rows.used <= rows.capacity
+
+
+@pytest.mark.parametrize("temps", [[0.0, 0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.7, 1.0, 1.3]])
+def test_op_with_kept_bias_rows_matches_the_product_path(temps):
+    """Kept rows change only how each slot's bias is summed: tokens equal, probabilities within fp32 rounding, and
+    each request's drafts do not depend on the requests drafted with it."""
+    from dspark_kernels.ops.sequential_head import MarkovBiasRows
+
+    torch.manual_seed(1)
+    args = make_args([4, 7, 1, 7, 7], 90, "vanilla", temps=temps)
+    if all(t == 0 for t in temps):
+        args["uniforms"] = None
+    kept = dict(args, weights=args["weights"]._replace(bias_rows=MarkovBiasRows(args["weights"].w1,
+                                                                                  args["weights"].w2)))
+    plain, fast = sequential_head(**args, impl="torch"), sequential_head(**kept, impl="torch")
+    assert torch.equal(fast.tokens, plain.tokens)
+    assert torch.equal(fast.confidence_logits, plain.confidence_logits)
+    if plain.draft_probs is not None:
+        torch.testing.assert_close(fast.draft_probs, plain.draft_probs, rtol=1e-5, atol=1e-6)
+    cu = args["cu_num_draft_tokens"].tolist()
+    for i in range(5):  # request i alone: bit for bit its rows of the batched call
+        rows = slice(cu[i], cu[i + 1])
+        alone = dict(kept, base_logits=args["base_logits"][rows], hidden=args["hidden"][rows],
+                     anchor_tokens=args["anchor_tokens"][i: i + 1], cu_num_draft_tokens=_cu([cu[i + 1] - cu[i]]),
+                     temperature=args["temperature"][i: i + 1],
+                     uniforms=None if args["uniforms"] is None else args["uniforms"][rows])
+        solo = sequential_head(**alone, impl="torch")
+        assert torch.equal(solo.tokens, fast.tokens[rows])
+        if solo.draft_probs is not None:
+            assert torch.equal(solo.draft_probs, fast.draft_probs[rows])
+
+
+def test_module_keeps_its_bias_rows_until_the_weights_change():
+    head = _random_module("vanilla", 30, 8, 4)
+    with torch.no_grad():
+        first = head.weights().bias_rows
+        assert first is not None and head.weights().bias_rows is first
+        first.rows(torch.tensor([1, 2]))
+        head.w2.weight.add_(1.0)
+        second = head.weights().bias_rows
+        assert second is not first and second.used == 0
+        head.load_state_dict(_random_module("vanilla", 30, 8, 4).state_dict())
+        assert head.weights().bias_rows is not second
+        w = head.weights()
+        assert torch.equal(w.bias_rows.rows(torch.tensor([5]))[0], _single_row_bias(w, 5))
+    assert head.weights().bias_rows is None  # with autograd on (training): the product path
+    assert _random_module("gated", 30, 8, 4).weights().bias_rows is None
+
+
+def test_kept_bias_rows_of_other_weights_or_kinds_are_rejected():
+    from dspark_kernels.ops.sequential_head import MarkovBiasRows
+
+    args = make_args([3, 2], 40, "vanilla")
+    w = args["weights"]
+    stale = MarkovBiasRows(w.w1, w.w2)
+    w.w2.add_(0.5)  # the rows no longer belong to w2
+    with pytest.raises(ValueError, match="bias_rows must be a MarkovBiasRows made from these"):
+        sequential_head(**dict(args, weights=w._replace(bias_rows=stale)))
+    gated = make_args([3, 2], 40, "gated")
+    gw = gated["weights"]
+    with pytest.raises(ValueError, match="bias_rows is for kind 'vanilla' only"):
+        sequential_head(**dict(gated, weights=gw._replace(bias_rows=MarkovBiasRows(gw.w1, gw.w2))))

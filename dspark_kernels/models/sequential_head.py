@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.sequential_head import SequentialHeadResult, SequentialHeadWeights, sequential_head
+from ..ops.sequential_head import MarkovBiasRows, SequentialHeadResult, SequentialHeadWeights, sequential_head
 
 __all__ = ["SequentialHead"]
 
@@ -91,10 +91,14 @@ class SequentialHead(nn.Module):
         """Detached parameters in the op's layout. ``gate_w [d + r, r]`` and ``rnn_w [2r + d, 3r]`` are transposed
         views, read by the kernel through their strides. ``w2 [r, V]`` is a contiguous copy, kept until the weight
         changes: a row-major ``w2`` makes the bias GEMV of every slot read whole rows, which halves its cost on the
-        CPU and coalesces the kernel's loads."""
-        fields: dict[str, torch.Tensor] = {}
+        CPU and coalesces the kernel's loads. A vanilla head outside autograd also hands over its
+        :class:`~dspark_kernels.ops.sequential_head.MarkovBiasRows` (bias rows by previous token, kept across calls
+        until ``w1`` or ``w2`` changes), which the CPU path reads instead of recomputing each slot's bias."""
+        fields: dict = {}
         if self.rank > 0:
             fields.update(w1=self.w1.weight.detach(), w2=self._w2_rows())
+        if self.kind == "vanilla" and not torch.is_grad_enabled():
+            fields.update(bias_rows=self._bias_rows(fields["w1"], fields["w2"]))
         if self.kind == "gated":
             fields.update(gate_w=self.gate.weight.detach().t(), gate_b=self.gate.bias.detach())
         if self.kind == "rnn":
@@ -116,6 +120,15 @@ class SequentialHead(nn.Module):
                 self._w2_rows_cache = weight.detach().t().contiguous()
             self._w2_rows_key = key
         return self._w2_rows_cache
+
+    def _bias_rows(self, w1: torch.Tensor, w2: torch.Tensor) -> MarkovBiasRows:
+        """The kept :class:`MarkovBiasRows` of ``w1``/``w2``, made anew when they changed."""
+        rows = getattr(self, "_bias_rows_cache", None)
+        if w1.is_inference():  # no version counter to tell an update: a table for this call only
+            return MarkovBiasRows(w1, w2)
+        if rows is None or not rows.belongs_to(w1, w2):
+            rows = self._bias_rows_cache = MarkovBiasRows(w1, w2)
+        return rows
 
     @torch.no_grad()
     def sample(

@@ -32,7 +32,13 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
-from ..reference.sequential_head import KINDS, SequentialHeadResult, SequentialHeadWeights, sequential_head_ref
+from ..reference.sequential_head import (
+    KINDS,
+    MarkovBiasRows,
+    SequentialHeadResult,
+    SequentialHeadWeights,
+    sequential_head_ref,
+)
 from ._dispatch import resolve_impl
 from ._sampling import filter_row, inverse_cdf_row, row_stats_step
 from ._validate import (
@@ -46,7 +52,8 @@ from ._validate import (
     check_tensor,
 )
 
-__all__ = ["SequentialHeadResult", "SequentialHeadWeights", "sequential_head", "sequential_head_triton"]
+__all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "sequential_head",
+           "sequential_head_triton"]
 
 _DEFAULTS = {"BLOCK_V": 512, "BLOCK_R": 16, "BLOCK_D": 64, "num_warps": 8}
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
@@ -302,6 +309,14 @@ def _validate_weights(weights: SequentialHeadWeights, v: int, d: int, dev: torch
     if weights.kind == "rnn":
         _check_weight("rnn_w", weights.rnn_w, (2 * rank + d, 3 * rank), "(2r + d, 3r) with d = hidden size", dev)
         _check_weight("rnn_b", weights.rnn_b, (3 * rank,), "(3r,)", dev)
+    if weights.bias_rows is not None:
+        if weights.kind != "vanilla":
+            raise ValueError(f"weights.bias_rows is for kind 'vanilla' only (its bias depends on the previous token "
+                             f"alone), got kind {weights.kind!r}")
+        if not isinstance(weights.bias_rows, MarkovBiasRows) or not weights.bias_rows.belongs_to(weights.w1,
+                                                                                                weights.w2):
+            raise ValueError("weights.bias_rows must be a MarkovBiasRows made from these weights.w1 and weights.w2 "
+                             "(unchanged since)")
     if (weights.conf_w is None) != (weights.conf_b is None):
         raise ValueError("weights.conf_w and weights.conf_b must be given together (or both None: no confidence)")
     if weights.conf_w is not None:
