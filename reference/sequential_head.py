@@ -45,8 +45,8 @@ class SequentialHeadWeights(NamedTuple):
 class MarkovBiasRows:
     """The vanilla head's bias rows by previous token, ``w1[x] @ w2`` ``[V]`` float32, each computed once and kept.
 
-    A vanilla head's bias depends on the previous token only, and a decode keeps meeting the same tokens (the demo's
-    six prompts, decoded three times each, need 88 rows). A kept row is read back instead of multiplying
+    A vanilla head's bias depends on the previous token only, and a decode keeps meeting the same tokens (the demo's six
+    prompts, decoded three times each at fixed gamma 7, need 88 rows). A kept row is read back instead of multiplying
     ``[1, r] x [r, V]`` again (about 20 us a slot at ``r`` 64, ``V`` 8192 here, most of the head's cost). Every row is
     computed alone, by the same one-row product, so its bits do not depend on which requests were drafted with it or
     when: a request's drafts do not depend on its batch. (They can differ in the last bit from the in-place
