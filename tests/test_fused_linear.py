@@ -116,3 +116,20 @@ def test_a_forward_plans_its_attention_once_for_every_layer(target_dir, monkeypa
     model = load_model(target_dir)
     forward_logits(model, [1, 2, 3, 4, 5, 6])  # two forwards
     assert len(plans) == 2 and len(unplanned) == 2 * model.config.num_hidden_layers and not any(unplanned)
+
+
+def test_kept_qk_norm_weights_follow_updates(target_dir):
+    """The fused path keeps the concatenated q/k norm weights between forwards; an in-place update or a replaced
+    weight is seen by the next forward (it matches an unfused copy of the updated model)."""
+    model = load_model(target_dir)
+    attn = model.model.layers[0].self_attn
+    forward_logits(model, [1, 2, 3, 4, 5])
+    kept = attn._qk_norm_weights()
+    assert attn._qk_norm_weights() is kept  # unchanged weights: no new concatenation
+    with torch.no_grad():
+        attn.k_norm.weight.mul_(1.5)
+    assert attn._qk_norm_weights() is not kept
+    ids, tol = [1, 2, 3, 4, 5], dict(rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(forward_logits(model, ids), forward_logits(unfused_copy(model), ids), **tol)
+    attn.q_norm.weight = nn.Parameter(attn.q_norm.weight * 0.5, requires_grad=False)
+    torch.testing.assert_close(forward_logits(model, ids), forward_logits(unfused_copy(model), ids), **tol)

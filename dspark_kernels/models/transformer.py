@@ -87,6 +87,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
         self.fused_qkv: FusedLinear | None = None  # set by fuse_projections (inference)
+        self._qk_weights_key: tuple | None = None  # _qk_norm_weights' kept concatenation and what it was made from
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x [T, hidden]`` -> roped queries ``[T, Hq, D]`` (Qwen3: per-head q_norm first)."""
@@ -111,10 +112,22 @@ class Attention(nn.Module):
         y = self.fused_qkv.output(x)
         qk = y[:, : heads * self.d].reshape(t, heads, self.d)
         if self.qk_norm:
-            weights = (self.q_norm.weight.expand(self.hq, self.d), self.k_norm.weight.expand(self.hkv, self.d))
-            qk = torch.cat(weights) * self.q_norm.normalize(qk)
+            qk = self._qk_norm_weights() * self.q_norm.normalize(qk)
         qk = apply_rope(qk, cos, sin)
         return qk[:, : self.hq], qk[:, self.hq:], y[:, heads * self.d:].reshape(t, self.hkv, self.d)
+
+    def _qk_norm_weights(self) -> torch.Tensor:
+        """``[Hq + Hkv, D]``: the q norm's weight for every query head, then the k norm's for every key head; kept
+        until either weight is replaced or updated in place (storage and version counter; an inference tensor has no
+        version counter, so then it is made per call)."""
+        q, k = self.q_norm.weight, self.k_norm.weight
+        key = None if q.is_inference() or k.is_inference() else (q.data_ptr(), q._version, k.data_ptr(), k._version)
+        if key is None or key != self._qk_weights_key:
+            weights = torch.cat((q.expand(self.hq, self.d), k.expand(self.hkv, self.d)))
+            if key is None:
+                return weights
+            self._qk_weights, self._qk_weights_key = weights, key
+        return self._qk_weights
 
     def _rope_queries(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q = q.reshape(q.shape[0], self.hq, self.d)
