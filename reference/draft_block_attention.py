@@ -26,10 +26,14 @@ def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Ten
         if max_q == 0:
             continue
         block = paged.RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total)
-        ctx_ok = torch.arange(max_ctx, device=cu.device) < ctx_t[g, None]
-        key_ok = torch.cat([ctx_ok, block.valid], dim=1)  # [n, context keys then block keys]
+        if all(n == max_q for n in q_lens[g]) and all(c == max_ctx for c in ctx[g]):
+            allowed = None  # every request has max_ctx context keys and max_q block keys: nothing to mask
+        else:
+            ctx_ok = torch.arange(max_ctx, device=cu.device) < ctx_t[g, None]
+            key_ok = torch.cat([ctx_ok, block.valid], dim=1)  # [n, context keys then block keys]
+            allowed = paged.mask_or_none(key_ok[:, None, :].expand(-1, max_q, -1))
         cached = paged.PagedRead.of(page_table[g], ctx_t[g], max_ctx, page_size)
-        groups.append(paged.GroupPlan(block, cached, paged.mask_or_none(key_ok[:, None, :].expand(-1, max_q, -1))))
+        groups.append(paged.GroupPlan(block, cached, allowed))
     return AttentionPlan(total, page_size, tuple(groups))
 
 

@@ -87,6 +87,19 @@ def test_one_plan_serves_every_layer(block_lens, ctx_lens):
         draft_block_attention(q, kb, vb, k[:, :4], v[:, :4], pt, cu, ctx, impl="torch", check_inputs=False, plan=plan)
 
 
+@pytest.mark.parametrize("block_lens,ctx_lens,masked", [([7, 7], [30, 30], False), ([7], [12], False),
+                                                       ([7, 7], [30, 12], True), ([7, 3], [30, 30], True)])
+def test_plan_masks_only_when_some_key_is_padding(block_lens, ctx_lens, masked):
+    """Equal blocks over equal contexts see every key (no mask: the unmasked fused attention); any ragged length
+    makes a mask, and both give the dense oracle's result."""
+    args = make_block_batch(block_lens, ctx_lens, 8, 2, 64, 8)
+    q, kb, vb, k, v, pt, cu, ctx = args
+    plan = plan_draft_block_attention(pt, cu, ctx, page_size=8, num_q_heads=8, impl="torch")
+    assert (plan.groups[0].allowed is not None) == masked
+    torch.testing.assert_close(draft_block_attention(*args, impl="torch", plan=plan), dense_oracle(*args),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_inputs_not_mutated():
     args = make_block_batch([3, 2], [9, 4], 4, 2, 64, 4)
     before = [a.clone() for a in args]
