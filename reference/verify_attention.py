@@ -31,12 +31,15 @@ def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, 
         max_q, max_kv = max(q_lens[g]), max(kv_lens[g])
         if max_q == 0:
             continue
-        kv = kv_t[g, None, None]
-        q_pos = kv - q_lens_t[g, None, None] + torch.arange(max_q, device=cu.device)[None, :, None]  # [n, Q, 1]
-        key = torch.arange(max_kv, device=cu.device)
-        allowed = (key <= q_pos) & (key < kv)  # causal, and no key past the request's own length
+        if max_q == 1 and all(n == 1 for n in q_lens[g]) and all(n == max_kv for n in kv_lens[g]):
+            allowed = None  # one new token per request, every request max_kv long: each sees every key
+        else:
+            kv = kv_t[g, None, None]
+            q_pos = kv - q_lens_t[g, None, None] + torch.arange(max_q, device=cu.device)[None, :, None]  # [n, Q, 1]
+            key = torch.arange(max_kv, device=cu.device)
+            allowed = mask_or_none((key <= q_pos) & (key < kv))  # causal, and no key past the request's own length
         groups.append(GroupPlan(RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total),
-                                PagedRead.of(page_table[g], kv_t[g], max_kv, page_size), mask_or_none(allowed)))
+                                PagedRead.of(page_table[g], kv_t[g], max_kv, page_size), allowed))
     return AttentionPlan(total, page_size, tuple(groups))
 
 

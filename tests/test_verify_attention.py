@@ -257,3 +257,16 @@ def test_a_read_past_a_request_length_or_of_several_requests_gathers():
     assert PagedRead.of(pages, torch.tensor([12]), 20, 8).start is None  # positions 12..19 are outside: zeroed
     assert PagedRead.of(pages.repeat(2, 1), torch.tensor([20, 20]), 20, 8).start is None
     assert PagedRead.of(torch.tensor([[0, 2, 1]], dtype=torch.int32), torch.tensor([20]), 20, 8).start is None
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,masked", [([1], [40], False), ([1, 1, 1], [9, 9, 9], False),
+                                                   ([1, 1], [9, 17], True), ([2], [9], True), ([1, 3], [9, 9], True)])
+def test_plan_masks_only_when_some_query_cannot_see_some_key(q_lens, kv_lens, masked):
+    """One new token per request over equal lengths sees every key (no mask: the unmasked fused attention); a longer
+    query (causal) or unequal lengths make a mask; both give the dense oracle's result."""
+    args = make_paged_batch(q_lens, kv_lens, 8, 2, 64, 8)
+    q, k, v, pt, cu, sl = args
+    plan = plan_verify_attention(pt, cu, sl, page_size=8, num_q_heads=8, impl="torch")
+    assert (plan.groups[0].allowed is not None) == masked
+    torch.testing.assert_close(verify_attention(*args, impl="torch", plan=plan), dense_oracle(*args), rtol=1e-5,
+                               atol=1e-5)
