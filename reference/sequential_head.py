@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from ._sampling import inverse_cdf_ref, target_probs_ref
+from ._tensor_key import tensor_key
 
 KINDS = ("none", "vanilla", "gated", "rnn")
 
@@ -58,7 +59,7 @@ class MarkovBiasRows:
     """
 
     def __init__(self, w1: torch.Tensor, w2: torch.Tensor, max_bytes: int = 64 << 20) -> None:
-        self.source = (_identity(w1), _identity(w2))
+        self.source = (tensor_key(w1), tensor_key(w2))
         self.w1, v = w1.float(), w2.shape[1]
         self._bias = _MarkovBias(w2.float())
         self.capacity = max(1, max_bytes // (4 * v))
@@ -69,7 +70,7 @@ class MarkovBiasRows:
         self.used = 0
 
     def belongs_to(self, w1: torch.Tensor | None, w2: torch.Tensor | None) -> bool:
-        return w1 is not None and w2 is not None and self.source == (_identity(w1), _identity(w2))
+        return w1 is not None and w2 is not None and self.source == (tensor_key(w1), tensor_key(w2))
 
     def rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B]`` int64 -> their bias rows ``[B, V]`` float32 (computing the rows not kept yet)."""
@@ -104,12 +105,6 @@ class MarkovBiasRows:
 
     def _row(self, token: int) -> torch.Tensor:
         return self._bias.add(self._zero, self.w1[token: token + 1])
-
-
-def _identity(t: torch.Tensor) -> tuple:
-    """What :class:`MarkovBiasRows` compares to tell its weights: storage, layout, dtype, device and, where the
-    tensor has one, its version counter (bumped by every in-place update)."""
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device, None if t.is_inference() else t._version)
 
 
 class SequentialHeadResult(NamedTuple):

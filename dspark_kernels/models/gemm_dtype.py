@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..reference._tensor_key import tensor_key
+
 __all__ = ["GEMM_DTYPES", "CastGemmLinear", "cast_gemm_weights", "low_precision_linear", "parse_gemm_dtype"]
 
 GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -59,12 +61,12 @@ def low_precision_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     [out]`` (in the weight's dtype) -> ``[..., out]`` in ``x``'s dtype.
 
     Where :func:`_packable`, through a oneDNN-prepacked copy of ``weight`` (see the module docstring) kept in the
-    caller's ``packs`` dict, keyed by the weight's storage, shape and version, so a replaced or updated weight is
-    packed again. Bit-identical to the plain call."""
+    caller's ``packs`` dict, keyed by :func:`tensor_key` (storage, layout and version), so a replaced or updated
+    weight is packed again. Bit-identical to the plain call."""
     xw = x.to(weight.dtype)
     if not _packable(weight):
         return F.linear(xw, weight, bias).to(x.dtype)
-    key = (weight.data_ptr(), weight.shape, weight.stride(), weight._version)
+    key = tensor_key(weight)
     packed = packs.get(key)
     if packed is None:
         packs.clear()

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..ops.sequential_head import MarkovBiasRows, SequentialHeadResult, SequentialHeadWeights, sequential_head
+from ..reference._tensor_key import tensor_key
 
 __all__ = ["SequentialHead"]
 
@@ -114,7 +115,7 @@ class SequentialHead(nn.Module):
         weight = self.w2.weight
         if weight.is_inference():
             return weight.detach().t().contiguous()
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+        key = tensor_key(weight)
         if getattr(self, "_w2_rows_key", None) != key:
             with torch.no_grad():
                 self._w2_rows_cache = weight.detach().t().contiguous()

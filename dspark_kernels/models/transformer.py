@@ -25,6 +25,7 @@ from ..ops import plan_verify_attention, verify_attention
 from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_tensor
 from ..ops.verify_attention import PinnedLaunch
 from ..reference._paged_attention import AttentionPlan
+from ..reference._tensor_key import tensor_key
 from ..reference.batch_invariant_attention import BatchInvariantPlan
 from .checkpoint import load_state_dict
 from .config import ModelConfig
@@ -121,7 +122,7 @@ class Attention(nn.Module):
         until either weight is replaced or updated in place (storage and version counter; an inference tensor has no
         version counter, so then it is made per call)."""
         q, k = self.q_norm.weight, self.k_norm.weight
-        key = None if q.is_inference() or k.is_inference() else (q.data_ptr(), q._version, k.data_ptr(), k._version)
+        key = None if q.is_inference() or k.is_inference() else (tensor_key(q), tensor_key(k))
         if key is None or key != self._qk_weights_key:
             weights = torch.cat((q.expand(self.hq, self.d), k.expand(self.hkv, self.d)))
             if key is None:
