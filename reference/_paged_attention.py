@@ -69,25 +69,23 @@ class PagedRead:
     def gather(self, cache: torch.Tensor) -> torch.Tensor:
         """``cache [num_pages, page_size, Hkv, D]`` -> ``[n, length, Hkv, D]`` (one flat gather: the fast path; a view
         of ``cache`` for a single run, so callers only read it)."""
-        flat = cache.reshape(-1, *cache.shape[2:])
-        if self.start is not None:
-            return flat[self.start: self.start + self.length].view(1, self.length, *cache.shape[2:])
-        rows = flat.index_select(0, self.slots)
-        if self.outside.numel():
-            rows.view(rows.shape[0], -1).index_fill_(0, self.outside, 0)  # 8x faster than a masked fill
-        return rows.view(self.n, self.length, *cache.shape[2:])
+        return self._read(cache.reshape(-1, *cache.shape[2:]), 0).view(self.n, self.length, *cache.shape[2:])
 
     def gather_heads_first(self, cache: torch.Tensor) -> torch.Tensor:
         """``cache [num_pages, page_size, H, D]`` -> contiguous ``[H, n, length, D]`` (one gather, head-major)."""
         heads = cache.shape[2]
         by_head = cache.reshape(-1, heads, cache.shape[3]).transpose(0, 1)
+        return self._read(by_head, 1).contiguous().view(heads, self.n, self.length, cache.shape[3])
+
+    def _read(self, flat: torch.Tensor, dim: int) -> torch.Tensor:
+        """The read's ``n * length`` rows along ``dim`` of the flat cache view ``flat`` (``dim`` indexes the cache
+        slots): a slice for a single run, else a gather with the positions outside the requests zeroed."""
         if self.start is not None:
-            rows = by_head[:, self.start: self.start + self.length].contiguous()
-        else:
-            rows = by_head.index_select(1, self.slots)
-            if self.outside.numel():
-                rows.index_fill_(1, self.outside, 0)
-        return rows.view(heads, self.n, self.length, cache.shape[3])
+            return flat.narrow(dim, self.start, self.length)
+        rows = flat.index_select(dim, self.slots)
+        if self.outside.numel():
+            rows.index_fill_(dim, self.outside, 0)
+        return rows
 
 
 def _single_run(page_table: torch.Tensor, lens: torch.Tensor, length: int, page_size: int) -> int | None:

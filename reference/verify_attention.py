@@ -31,7 +31,7 @@ def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, 
         max_q, max_kv = max(q_lens[g]), max(kv_lens[g])
         if max_q == 0:
             continue
-        if max_q == 1 and all(n == 1 for n in q_lens[g]) and all(n == max_kv for n in kv_lens[g]):
+        if all(n == 1 for n in q_lens[g]) and all(n == max_kv for n in kv_lens[g]):
             allowed = None  # one new token per request, every request max_kv long: each sees every key
         else:
             kv = kv_t[g, None, None]
