@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ._sampling import inverse_cdf_ref, target_probs_ref
 from ._tensor_key import tensor_key
 
 KINDS = ("none", "vanilla", "gated", "rnn")
+HOST_SLOTS = 256  # all-greedy batches of at most this many slots draft on the host (greedy_host)
 
 
 class SequentialHeadWeights(NamedTuple):
@@ -67,10 +69,21 @@ class MarkovBiasRows:
             self._row_of = torch.full((w1.shape[0],), -1, dtype=torch.int64, device=w1.device)
             self._table = torch.empty(0, v, dtype=torch.float32, device=w1.device)  # grown on demand
             self._zero = torch.zeros(1, v, dtype=torch.float32, device=w1.device)
+        self._host_at: dict[int, int] = {}  # the places of _row_of on the host, for host_row
         self.used = 0
 
     def belongs_to(self, w1: torch.Tensor | None, w2: torch.Tensor | None) -> bool:
         return w1 is not None and w2 is not None and self.source == (tensor_key(w1), tensor_key(w2))
+
+    def host_row(self, token: int) -> np.ndarray:
+        """The bias row ``[V]`` float32 of one previous token as a numpy view of the kept table (computed and kept
+        first if needed); valid until the next call that keeps rows (the table may grow or start over)."""
+        at = self._host_at.get(token)
+        if at is None:
+            with torch.inference_mode(False), torch.no_grad():
+                self._keep(torch.tensor([token]), torch.tensor([-1]))
+            at = self._host_at[token]
+        return self._table.numpy()[at]
 
     def rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B]`` int64 -> their bias rows ``[B, V]`` float32 (computing the rows not kept yet)."""
@@ -88,6 +101,7 @@ class MarkovBiasRows:
         new = tokens[at < 0].unique().tolist()
         if len(new) > self.capacity - self.used:
             self._row_of.fill_(-1)
+            self._host_at.clear()
             self.used = 0
             new = tokens.unique().tolist()
             if len(new) > self.capacity:
@@ -99,7 +113,7 @@ class MarkovBiasRows:
             self._table = grown
         for t in new:
             self._table[self.used] = self._row(t)[0]
-            self._row_of[t] = self.used
+            self._row_of[t] = self._host_at[t] = self.used
             self.used += 1
         return True
 
@@ -186,13 +200,20 @@ def sequential_head_ref(
 
     Inputs are assumed valid. At slot k only the requests with more than k slots take part. The confidence logits
     (which depend on the previous token, not on the state) are computed for all slots at once after the loop.
-    Without uniforms every slot takes the lowest-index argmax and ``draft_probs`` is ``None``.
+    Without uniforms every slot takes the lowest-index argmax and ``draft_probs`` is ``None``; such a batch of CPU
+    tensors with at most ``HOST_SLOTS`` slots, whose bias needs no product (kind "none", or vanilla with kept rows),
+    takes :func:`greedy_host` (the same tokens; a slot costs about eight small tensor ops here).
     """
     n, v = base_logits.shape
     dev = base_logits.device
     weights = _as_float32(weights)
     cu = cu_num_draft_tokens.long()
     starts, lens = cu[:-1], cu[1:] - cu[:-1]
+    if (uniforms is None and dev.type == "cpu" and n <= HOST_SLOTS
+            and (weights.kind == "none" or weights.bias_rows is not None)):
+        tokens = greedy_host(base_logits, anchor_tokens, cu_num_draft_tokens, weights.bias_rows)
+        return SequentialHeadResult(tokens, None, _confidence(weights, hidden.float(), _previous_embedding(
+            weights, tokens, anchor_tokens, starts, lens)))
     r = lens.numel()
     rank = weights.w1.shape[1] if weights.kind != "none" else 0
     needs_h = weights.kind in ("gated", "rnn")
@@ -228,6 +249,25 @@ def sequential_head_ref(
             prev[req] = token
     return SequentialHeadResult(tokens, probs, _confidence(weights, hidden.float(), _previous_embedding(
         weights, tokens, anchor_tokens, starts, lens)))
+
+
+def greedy_host(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, cu_num_draft_tokens: torch.Tensor,
+                bias_rows: MarkovBiasRows | None) -> torch.Tensor:
+    """All-greedy drafting (shapes as in :func:`sequential_head_ref`) as a scan over host arrays: each slot's logits
+    are its base row plus the kept bias row of the previous token (``bias_rows``; ``None``: no bias), and the token is
+    their lowest-index argmax. Returns ``tokens [N]`` int64. The sums are the tensor path's float32 adds element for
+    element, so the tokens equal its tokens (tested bit for bit); for a decode round's few slots it is several times
+    cheaper."""
+    base = base_logits.detach().float().numpy()
+    if bias_rows is None:
+        return torch.from_numpy(base.argmax(axis=1)).to(torch.int64)
+    bounds = cu_num_draft_tokens.tolist()
+    tokens = [0] * base.shape[0]
+    scratch = np.empty(base.shape[1], dtype=np.float32)
+    for prev, start, end in zip(anchor_tokens.tolist(), bounds, bounds[1:]):
+        for row in range(start, end):
+            prev = tokens[row] = int(np.add(base[row], bias_rows.host_row(prev), out=scratch).argmax())
+    return torch.tensor(tokens, dtype=torch.int64)
 
 
 def _previous_embedding(weights: SequentialHeadWeights, tokens: torch.Tensor, anchor_tokens: torch.Tensor,

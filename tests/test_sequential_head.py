@@ -556,3 +556,55 @@ def test_kept_bias_rows_of_other_weights_or_kinds_are_rejected():
     gw = gated["weights"]
     with pytest.raises(ValueError, match="bias_rows is for kind 'vanilla' only"):
         sequential_head(**dict(gated, weights=gw._replace(bias_rows=MarkovBiasRows(gw.w1, gw.w2))))
+
+
+@pytest.mark.parametrize("max_bytes", [64 << 20, 3 * 4 * 70, 1])
+def test_greedy_host_scan_equals_the_tensor_path(monkeypatch, max_bytes):
+    """The CPU's host scan for all-greedy batches (kind "none", or vanilla with kept rows) against the per-slot tensor
+    path, bit for bit: ragged and empty drafts, no requests, argmax ties (integer logits), half-precision base logits,
+    and kept-row tables that start over mid-scan (room for three rows) or hold one row."""
+    from dspark_kernels.ops.sequential_head import MarkovBiasRows
+
+    g = torch.Generator().manual_seed(5)
+    host_slots = ref_module.HOST_SLOTS
+    for case in range(120):
+        kind = ("none", "vanilla")[case % 2]
+        r = int(torch.randint(0, 6, (), generator=g))
+        lens = torch.randint(0, 9, (r,), generator=g).tolist()
+        v = 70 if case % 3 else int(torch.randint(1, 6, (), generator=g))
+        args = make_args(lens, v, kind, temps=[0.0] * r)
+        args["uniforms"] = None
+        if case % 4 == 1:  # ties: integer logits, a bias that is all zeros or integer too
+            args["base_logits"] = torch.randint(0, 3, args["base_logits"].shape, generator=g).float()
+        if case % 5 == 2:
+            args["base_logits"] = args["base_logits"].to(torch.bfloat16)
+        w = args["weights"]
+        if kind == "vanilla":
+            if case % 4 == 1:
+                w = w._replace(w1=torch.randint(-1, 2, w.w1.shape, generator=g).float(),
+                               w2=torch.randint(-1, 2, w.w2.shape, generator=g).float())
+            # fresh rows for each path: the host scan and the tensor path each fill their own table
+            args["weights"] = w._replace(bias_rows=MarkovBiasRows(w.w1, w.w2, max_bytes=max_bytes))
+        monkeypatch.setattr(ref_module, "HOST_SLOTS", host_slots)
+        host = sequential_head(**args, impl="torch")
+        if kind == "vanilla":
+            args["weights"] = w._replace(bias_rows=MarkovBiasRows(w.w1, w.w2, max_bytes=max_bytes))
+        monkeypatch.setattr(ref_module, "HOST_SLOTS", 0)
+        tensor = sequential_head(**args, impl="torch")
+        assert host.draft_probs is None and tensor.draft_probs is None
+        assert host.tokens.dtype == torch.int64 and torch.equal(host.tokens, tensor.tokens), case
+        assert torch.equal(host.confidence_logits, tensor.confidence_logits), case
+
+
+def test_greedy_host_scan_reads_each_tokens_single_row():
+    """``MarkovBiasRows.host_row`` is the token's one-row product, also after ``rows`` kept others and after the table
+    started over (room for two rows)."""
+    from dspark_kernels.ops.sequential_head import MarkovBiasRows
+
+    torch.manual_seed(2)
+    w = make_weights("vanilla", 70, 8, 6)
+    rows = MarkovBiasRows(w.w1, w.w2, max_bytes=2 * 4 * 70)
+    for token in (3, 3, 9, 60, 3):
+        rows.rows(torch.tensor([61]))
+        assert np.array_equal(rows.host_row(token), _single_row_bias(w, token).numpy())
+        assert rows.used <= rows.capacity

@@ -182,39 +182,50 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     """
     dev = anchors.device
     r = len(rids)
-    lens = verify_lens.to(dev, torch.int64)
-    lens_host = lens.tolist()
-    if not any(lens_host):
+    lens = verify_lens.tolist()
+    if not any(lens):
         return plain_round(target, drafter, tcache, rids, anchors, sampling, impl)
-    drafts = drafted.tokens.view(r, gamma)
-    draft_mask = torch.arange(gamma, device=dev)[None, :] < lens[:, None]
-    block = torch.cat([anchors[:, None], drafts], dim=1)
-    block_mask = torch.arange(gamma + 1, device=dev)[None, :] <= lens[:, None]
-    zero = torch.zeros(1, dtype=torch.int64, device=dev)
-    cu_d = torch.cat([zero, lens.cumsum(0)])
-    cu_v = (cu_d + torch.arange(r + 1, device=dev)).to(torch.int32)
-    cu_d = cu_d.to(torch.int32)
+    # index work on the host (the lengths are there already): a row of [anchor, d_1 .. d_gamma] per request,
+    # flattened; which rows are verified is a slice when every request verifies all gamma drafts
+    block = torch.cat([anchors[:, None], drafted.tokens.view(r, gamma)], dim=1).view(-1)
+    cu_d = [0]
+    for l_r in lens:
+        cu_d.append(cu_d[-1] + l_r)
+    if all(l_r == gamma for l_r in lens):
+        tokens, draft_rows = block, None
+    else:
+        tokens = block[torch.tensor([i * (gamma + 1) + j for i, l_r in enumerate(lens) for j in range(l_r + 1)],
+                                    device=dev)]
+        draft_rows = torch.tensor([i * gamma + j for i, l_r in enumerate(lens) for j in range(l_r)], device=dev)
+    drafts = drafted.tokens if draft_rows is None else drafted.tokens[draft_rows]
+    cu_v = torch.tensor([c + i for i, c in enumerate(cu_d)], dtype=torch.int32, device=dev)
+    cu_d_t = torch.tensor(cu_d, dtype=torch.int32, device=dev)
     layers = tuple(drafter.feature_layers)
-    tokens = block[block_mask]
     fwd = target(tokens, cu_v, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
-    n = sum(lens_host)
     probs = None
     acc_u = smp_u = None
     if not sampling.greedy:
-        probs = None if drafted.draft_probs is None else drafted.draft_probs.view(r, gamma, -1)[draft_mask]
-        acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, cu_d, n, max_spec_len=gamma)
-    res = rejection_sample(drafts[draft_mask], cu_d, probs, fwd.logits, sampling.temperature, sampling.top_k,
+        if drafted.draft_probs is not None:
+            probs = drafted.draft_probs.view(r * gamma, -1)
+            probs = probs if draft_rows is None else probs[draft_rows]
+        acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, cu_d_t, cu_d[-1], max_spec_len=gamma)
+    res = rejection_sample(drafts, cu_d_t, probs, fwd.logits, sampling.temperature, sampling.top_k,
                            sampling.top_p, acc_u, smp_u, max_spec_len=gamma, accept_counter=accept_counter,
                            draft_counter=draft_counter, impl=impl, check_inputs=False)
     accepted = res.num_accepted.tolist()
     emitted = res.output_token_ids.tolist()
-    starts = [0]
-    for rid, l_r, a in zip(rids, lens_host, accepted):
+    for rid, l_r, a in zip(rids, lens, accepted):
         tcache.rollback(rid, l_r - a)
-        starts.append(starts[-1] + l_r + 1)
-    keep = torch.cat([torch.arange(s, s + a + 1, device=dev) for s, a in zip(starts, accepted)])
-    keep_cu = torch.tensor([0] + [a + 1 for a in accepted], dtype=torch.int64).cumsum(0).to(dev, torch.int32)
-    kept = (tokens[keep], features_of(fwd.hidden_states, layers)[keep], keep_cu)
+    feats = features_of(fwd.hidden_states, layers)
+    keep_cu = [0]
+    for a in accepted:
+        keep_cu.append(keep_cu[-1] + a + 1)
+    if r == 1:  # the first a + 1 rows: views
+        kept_tokens, kept_feats = tokens[: keep_cu[1]], feats[: keep_cu[1]]
+    else:
+        keep = torch.tensor([cu_d[i] + i + j for i, a in enumerate(accepted) for j in range(a + 1)], device=dev)
+        kept_tokens, kept_feats = tokens[keep], feats[keep]
+    kept = (kept_tokens, kept_feats, torch.tensor(keep_cu, dtype=torch.int32, device=dev))
     return RoundOutput(res.num_accepted, accepted, [e[: a + 1] for e, a in zip(emitted, accepted)], kept)
 
 
