@@ -224,6 +224,10 @@ def sequential_head_ref(
     every = torch.arange(r, device=dev)
     bias = _MarkovBias(weights.w2) if weights.kind != "none" else None
     min_len, max_len = (int(lens.min()), int(lens.max())) if r else (0, 0)
+    if probs is not None:  # decided once per call, not per slot: a filter no request asks for, and greedy rows
+        top_k = top_k if top_k is not None and bool(((top_k > 0) & (top_k < v)).any()) else None
+        top_p = top_p if top_p is not None and bool((top_p < 1).any()) else None
+        any_greedy = bool((temperature == 0).any())
     for k in range(max_len):
         everyone = k < min_len  # every request takes part: whole-tensor reads instead of gathers
         req = every if everyone else (lens > k).nonzero().squeeze(1)
@@ -241,7 +245,7 @@ def sequential_head_ref(
         if probs is None:  # all greedy: the lowest-index argmax
             token = logits.argmax(dim=1)
         else:
-            token, probs[rows] = _draw(logits, req, temperature, top_k, top_p, uniforms[rows])
+            token, probs[rows] = _draw(logits, req, temperature, top_k, top_p, uniforms[rows], any_greedy)
         tokens[rows] = token
         if everyone:
             prev = token
@@ -295,18 +299,20 @@ def _draw(
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     u: torch.Tensor,
+    any_greedy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ``[B]`` and draft probabilities ``[B, V]`` of float32 ``logits [B, V]`` of requests ``req [B]``:
     greedy rows take the lowest-index argmax and a one-hot row, the others the filtered row and its inverse-CDF draw
-    (the argmax and one-hot rows are only made when some row is greedy)."""
+    (the argmax and one-hot rows are only made when some request of the call is greedy: ``any_greedy``; ``top_k`` /
+    ``top_p`` are ``None`` when no request of the call filters)."""
     t = temperature[req]
     probs = target_probs_ref(
         logits, t, top_k[req] if top_k is not None else None, top_p[req] if top_p is not None else None
     )
     token = inverse_cdf_ref(probs, u)
-    greedy = t == 0
-    if not bool(greedy.any()):
+    if not any_greedy:
         return token, probs
+    greedy = t == 0
     argmax = logits.argmax(dim=1)
     one_hot = torch.nn.functional.one_hot(argmax, logits.shape[1]).float()
     return torch.where(greedy, argmax, token), torch.where(greedy[:, None], one_hot, probs)
