@@ -184,9 +184,10 @@ def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temper
     """A verify round with every length 0 (a plain step, :func:`plain_round`) emits, per request, the token the
     rejection sampler draws from the target's row after zero drafts (the general path's call), keeps each anchor with
     its target features, and grows each cache by one."""
-    from dspark_kernels.engine._common import PendingContext, Sampling, no_drafts, prefill, verify_round
+    from dspark_kernels.engine._common import PendingContext, no_drafts, prefill, verify_round
     from dspark_kernels.ops import rejection_sample
     from dspark_kernels.ops.rejection_sample import rejection_noise
+    from dspark_kernels.sampling import Sampling
 
     drafter = make_drafter(target)
     prompts, rids = [[1, 5, 9, 13], [1, 40]], [0, 1]

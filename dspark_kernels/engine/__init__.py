@@ -5,7 +5,8 @@ The step's building blocks (:class:`Sampling`, :func:`prefill`, :func:`draft`, :
 (see ``examples/engine_step.py``).
 """
 
-from ._common import DRAFT_NOISE_STREAM, Sampling, draft, features_of, finish_reason, prefill, verify_round
+from ..sampling import Sampling
+from ._common import DRAFT_NOISE_STREAM, draft, features_of, finish_reason, prefill, verify_round
 from .engine import Engine, run_closed_loop
 from .policies import POLICY_NAMES, make_policy
 

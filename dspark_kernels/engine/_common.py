@@ -1,6 +1,5 @@
 """Pieces shared by the fixed-batch loop (:mod:`.speculative`) and the continuous-batching engine (:mod:`.engine`).
 
-* :class:`Sampling`: per-request sampling parameters and seeds of one batch, as device tensors ``[R]``;
 * :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
 * :class:`PendingContext`: committed tokens and their features per request, waiting for the request's next drafting
   round (which takes them into the drafter's context in the same pass);
@@ -8,8 +7,10 @@
 * :func:`verify_round`: one ragged verify of ``[anchor, d_1 .. d_{l_r}]`` per request (``l_r`` in 0..gamma), lossless
   rejection sampling, rollback of the rejected drafts in the target cache; returns the kept tokens and their features
   for the drafter's context (:func:`plain_round` when no request verifies a draft: a plain decode step);
-* :func:`next_tokens`: one token per logits row with no drafts (a prefill's, a plain step's);
 * :func:`finish_reason`: the length cap and EOS truncation of a request's emitted tokens.
+
+The batch's sampling parameters (:class:`~dspark_kernels.sampling.Sampling`) and the token of a row without drafts
+(:func:`~dspark_kernels.sampling.next_tokens`) come from :mod:`dspark_kernels.sampling`, shared with plain generation.
 
 Randomness is counter-based: round ``t`` of a request with seed ``s`` draws from ``(s, t)`` only, so a request's
 output does not depend on what it is batched with (given its own verify lengths).
@@ -27,38 +28,9 @@ from ..models.drafter_api import DraftContext, Drafter, DraftOutput
 from ..noise import uniform_noise
 from ..ops import rejection_sample
 from ..ops.rejection_sample import rejection_noise
+from ..sampling import Sampling, next_tokens
 
 DRAFT_NOISE_STREAM = 7
-
-
-def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """``ValueError`` unless ``temperature >= 0``, ``top_k >= 0`` and ``0 < top_p <= 1``."""
-    if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
-        raise ValueError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, {top_p}")
-
-
-@dataclass
-class Sampling:
-    """Sampling parameters of the R requests of one round: ``temperature``/``top_p [R]`` float32, ``top_k [R]``
-    int32, ``seed``/``offset [R]`` int64 (offset = the request's round counter), on the target's device.
-    ``greedy``: every request has temperature 0 (no uniforms and no draft probabilities needed)."""
-
-    temperature: torch.Tensor
-    top_k: torch.Tensor
-    top_p: torch.Tensor
-    seed: torch.Tensor
-    offset: torch.Tensor
-    greedy: bool
-
-    @classmethod
-    def of(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float], seed: Sequence[int],
-           offset: Sequence[int], device: torch.device) -> Sampling:
-        return cls(torch.tensor(temperature, dtype=torch.float32, device=device),
-                   torch.tensor(top_k, dtype=torch.int32, device=device),
-                   torch.tensor(top_p, dtype=torch.float32, device=device),
-                   torch.tensor(seed, dtype=torch.int64, device=device),
-                   torch.tensor(offset, dtype=torch.int64, device=device),
-                   all(t == 0 for t in temperature))
 
 
 def features_of(hidden: dict, layers: Sequence[int]) -> torch.Tensor:
@@ -86,21 +58,6 @@ def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, 
     else:
         defer(kept)
     return next_tokens(fwd.logits, sampling, impl)
-
-
-def next_tokens(logits: torch.Tensor, sampling: Sampling, impl: str | None = None) -> list[int]:
-    """One token per row of ``logits [R, V]`` with no drafts to verify (a prefill's or a plain step's): the
-    lowest-index argmax when every request is greedy, else :func:`rejection_sample` with zero drafts and the
-    requests' noise of round ``sampling.offset``."""
-    if sampling.greedy:
-        return logits.argmax(dim=1).tolist()
-    dev, r = logits.device, logits.shape[0]
-    zero_cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
-    acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, zero_cu, 0, max_spec_len=0)
-    res = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, logits, sampling.temperature,
-                           sampling.top_k, sampling.top_p, acc_u, smp_u, max_spec_len=0, impl=impl,
-                           check_inputs=False)
-    return res.output_token_ids[:, 0].tolist()
 
 
 class PendingContext:

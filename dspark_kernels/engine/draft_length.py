@@ -35,7 +35,8 @@ import torch
 from ..models import CausalLM
 from ..models.drafter import MAX_GAMMA
 from ..models.drafter_api import Drafter
-from ._common import PendingContext, Sampling, draft, no_drafts, prefill, verify_round
+from ..sampling import Sampling
+from ._common import PendingContext, draft, no_drafts, prefill, verify_round
 
 __all__ = ["DRAFT_LENGTH_MODES", "AdaptiveDraftLength", "RoundCosts", "cli_gamma", "measure_round_costs"]
 

@@ -39,7 +39,8 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
-from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, no_drafts, prefill, verify_round
+from ..sampling import Sampling, check_sampling
+from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .policies import Policy
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)

@@ -33,7 +33,8 @@ import torch
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
 from ..models.generate import _per_request
-from ._common import PendingContext, Sampling, check_sampling, draft, finish_reason, no_drafts, prefill, verify_round
+from ..sampling import Sampling, check_sampling
+from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .draft_length import AdaptiveDraftLength
 
 __all__ = ["SpecResult", "speculative_generate"]

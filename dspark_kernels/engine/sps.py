@@ -298,7 +298,8 @@ def profile_drafter(
     engine hands over what the previous verify round kept (about tau at T = 1). Each size starts from fresh
     contexts, built in its first warm-up call (so ``warmup`` must be >= 1).
     """
-    from ._common import Sampling, draft, prefill
+    from ..sampling import Sampling
+    from ._common import draft, prefill
 
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 (the first call of each size builds its contexts), got {warmup}")

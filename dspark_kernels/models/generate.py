@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ops.rejection_sample import rejection_noise, rejection_sample
+from ..sampling import Sampling, check_sampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
 __all__ = ["GenerateResult", "forward_sequences", "generate"]
@@ -70,15 +70,15 @@ def _sync(device: torch.device) -> None:
 
 
 class _Sampler:
-    """Picks the next token of each request from its logits row (argmax, or the sampler op with zero drafts)."""
+    """Picks the next token of each request from its logits row (:func:`~dspark_kernels.sampling.next_tokens`:
+    argmax, or the sampler op with zero drafts)."""
 
     def __init__(self, temperature, top_k, top_p, seeds, n, device, impl):
         self.temperature = _per_request("temperature", temperature, n, float)
         self.top_k = _per_request("top_k", top_k, n, int)
         self.top_p = _per_request("top_p", top_p, n, float)
         for t, k, p in zip(self.temperature, self.top_k, self.top_p):
-            if t < 0 or k < 0 or not 0 < p <= 1:
-                raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {t}, {k}, {p}")
+            check_sampling(t, k, p)
         self.greedy = all(t == 0 for t in self.temperature)
         if seeds is None:
             seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()
@@ -88,28 +88,11 @@ class _Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list[int], offsets: list[int]) -> list[int]:
         """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far
         (the noise counter, so a request's draw at step t depends only on its seed and t)."""
-        if self.greedy:
+        if self.greedy:  # no parameter tensors to build
             return logits.argmax(dim=-1).tolist()
-        dev, r = logits.device, len(reqs)
-        cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
-        seeds = torch.tensor([self.seeds[i] for i in reqs], dtype=torch.int64, device=dev)
-        offs = torch.tensor(offsets, dtype=torch.int64, device=dev)
-        accept_u, sample_u = rejection_noise(seeds, offs, cu, 0, max_spec_len=0)
-        out, _ = rejection_sample(
-            torch.zeros(0, dtype=torch.int64, device=dev),
-            cu,
-            None,
-            logits,
-            torch.tensor([self.temperature[i] for i in reqs], dtype=torch.float32, device=dev),
-            torch.tensor([self.top_k[i] for i in reqs], dtype=torch.int32, device=dev),
-            torch.tensor([self.top_p[i] for i in reqs], dtype=torch.float32, device=dev),
-            accept_u,
-            sample_u,
-            max_spec_len=0,
-            impl=self.impl,
-            check_inputs=False,
-        )
-        return out[:, 0].tolist()
+        sampling = Sampling.of([self.temperature[i] for i in reqs], [self.top_k[i] for i in reqs],
+                               [self.top_p[i] for i in reqs], [self.seeds[i] for i in reqs], offsets, self.device)
+        return next_tokens(logits, sampling, self.impl)
 
 
 def generate(

@@ -1,0 +1,66 @@
+"""Per-request sampling parameters of a batch and the next token of each row of logits, shared by plain generation
+(:func:`dspark_kernels.models.generate`) and the speculative loops (:mod:`dspark_kernels.engine`).
+
+* :func:`check_sampling`: one request's temperature / top-k / top-p, or a clear error;
+* :class:`Sampling`: the parameters, seeds and noise offsets of ``R`` requests as device tensors ``[R]``;
+* :func:`next_tokens`: one token per logits row with no drafts (a prefill's, a plain decode step's): the lowest-index
+  argmax when every request is greedy, else :func:`~dspark_kernels.ops.rejection_sample` with zero drafts and the
+  requests' counter-based noise, so a request's draw at step ``t`` depends only on its seed and ``t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .ops import rejection_sample
+from .ops.rejection_sample import rejection_noise
+
+__all__ = ["Sampling", "check_sampling", "next_tokens"]
+
+
+def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """``ValueError`` unless ``temperature >= 0``, ``top_k >= 0`` and ``0 < top_p <= 1``."""
+    if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
+        raise ValueError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, {top_p}")
+
+
+@dataclass
+class Sampling:
+    """Sampling parameters of the R requests of one round: ``temperature``/``top_p [R]`` float32, ``top_k [R]``
+    int32, ``seed``/``offset [R]`` int64 (offset = the request's round counter), on the target's device.
+    ``greedy``: every request has temperature 0 (no uniforms and no draft probabilities needed)."""
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+    offset: torch.Tensor
+    greedy: bool
+
+    @classmethod
+    def of(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float], seed: Sequence[int],
+           offset: Sequence[int], device: torch.device) -> Sampling:
+        return cls(torch.tensor(temperature, dtype=torch.float32, device=device),
+                   torch.tensor(top_k, dtype=torch.int32, device=device),
+                   torch.tensor(top_p, dtype=torch.float32, device=device),
+                   torch.tensor(seed, dtype=torch.int64, device=device),
+                   torch.tensor(offset, dtype=torch.int64, device=device),
+                   all(t == 0 for t in temperature))
+
+
+def next_tokens(logits: torch.Tensor, sampling: Sampling, impl: str | None = None) -> list[int]:
+    """One token per row of ``logits [R, V]`` with no drafts to verify (a prefill's or a plain step's): the
+    lowest-index argmax when every request is greedy, else :func:`rejection_sample` with zero drafts and the
+    requests' noise of round ``sampling.offset``."""
+    if sampling.greedy:
+        return logits.argmax(dim=1).tolist()
+    dev, r = logits.device, logits.shape[0]
+    zero_cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
+    acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, zero_cu, 0, max_spec_len=0)
+    res = rejection_sample(torch.zeros(0, dtype=torch.int64, device=dev), zero_cu, None, logits, sampling.temperature,
+                           sampling.top_k, sampling.top_p, acc_u, smp_u, max_spec_len=0, impl=impl,
+                           check_inputs=False)
+    return res.output_token_ids[:, 0].tolist()
