@@ -15,6 +15,7 @@ from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.models.gemm_dtype import CastGemmLinear, cast_gemm_weights, parse_gemm_dtype
 from dspark_kernels.models.sequential_head import SequentialHead
+from dspark_kernels.reference._tensor_key import tensor_key
 from tests.lossless import assert_follows_target
 from tests.test_chain_drafter import make_drafter as make_chain_drafter
 from tests.test_drafter_engine import make_drafter
@@ -113,10 +114,10 @@ def test_prepacked_bf16_gemm_is_bit_identical_to_the_plain_one(shape, with_bias)
     weight = torch.randn(24, 40).bfloat16()
     bias = torch.randn(24).bfloat16() if with_bias else None
     x = torch.randn(*shape)
-    packs: dict = {}
+    pack = gemm_dtype_mod.PackedWeight()
     with torch.no_grad():
-        y = gemm_dtype_mod.low_precision_linear(x, weight, bias, packs)
-    assert len(packs) == 1  # the packed path ran
+        y = gemm_dtype_mod.low_precision_linear(x, weight, bias, pack)
+    assert pack.packed is not None  # the packed path ran
     assert y.dtype == torch.float32 and torch.equal(y, F.linear(x.bfloat16(), weight, bias).float())
 
 
@@ -132,20 +133,22 @@ def test_prepacked_weight_follows_in_place_updates_and_replacement():
         assert not torch.equal(lin(x), before)
         lin.weight = nn.Parameter(torch.ones(8, 16, dtype=torch.bfloat16), requires_grad=False)
         assert torch.equal(lin(x), F.linear(x.bfloat16(), lin.weight).float())
-    assert len(lin._packs) == 1  # only the current weight's pack is kept
+        lin.weight.data = torch.full((8, 16), 3.0, dtype=torch.bfloat16)  # same object, new storage
+        assert torch.equal(lin(x), F.linear(x.bfloat16(), lin.weight).float())
+    assert lin._pack.key == tensor_key(lin.weight)  # only the current weight's pack is kept
 
 
 def test_plain_gemm_where_packing_does_not_apply():
     torch.manual_seed(4)
     weight = torch.randn(8, 16).bfloat16()
     x = torch.randn(3, 16)
-    packs: dict = {}
-    y = gemm_dtype_mod.low_precision_linear(x, weight, None, packs)  # autograd on: plain F.linear
+    pack = gemm_dtype_mod.PackedWeight()
+    y = gemm_dtype_mod.low_precision_linear(x, weight, None, pack)  # autograd on: plain F.linear
     with torch.inference_mode():
         frozen = torch.randn(8, 16).bfloat16()  # an inference tensor has no version counter
-        z = gemm_dtype_mod.low_precision_linear(x, frozen, None, packs)
-    fp32 = gemm_dtype_mod.low_precision_linear(x, weight.float(), None, packs)
-    assert not packs
+        z = gemm_dtype_mod.low_precision_linear(x, frozen, None, pack)
+    fp32 = gemm_dtype_mod.low_precision_linear(x, weight.float(), None, pack)
+    assert pack.packed is None
     assert torch.equal(y, F.linear(x.bfloat16(), weight).float())
     assert torch.equal(z, F.linear(x.bfloat16(), frozen).float())
     assert torch.equal(fp32, F.linear(x, weight.float()))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .gemm_dtype import low_precision_linear
+from .gemm_dtype import PackedWeight, low_precision_linear
 
 __all__ = ["FusedLinear", "fuse_projections"]
 
@@ -47,7 +47,8 @@ class FusedLinear:
                 part.bias = nn.Parameter(self.bias[start: start + size], requires_grad=False)
             start += size
         self._views = [part.weight.data_ptr() for part in parts]
-        self._packs: dict[int, dict] = {}  # per ``first``: the prepacked weight rows (:func:`low_precision_linear`)
+        # per ``first``: views of the weight and bias rows of the parts from ``first`` on, and their prepacked copy
+        self._rows: dict[int, tuple[torch.Tensor, torch.Tensor | None, PackedWeight]] = {}
 
     def output(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
         """``x [T, in]`` (any float dtype) -> ``[T, sum(out_i)]``: the outputs of the parts from ``first`` on side by
@@ -55,9 +56,12 @@ class FusedLinear:
         :class:`~.gemm_dtype.CastGemmLinear`)."""
         if any(part.weight.data_ptr() != view for part, view in zip(self.parts, self._views)):
             raise RuntimeError("a fused layer's weight was replaced after fusion; fuse again after loading")
-        skip = sum(self.sizes[:first])
-        bias = None if self.bias is None else self.bias[skip:]
-        return low_precision_linear(x, self.weight[skip:], bias, self._packs.setdefault(first, {}))
+        rows = self._rows.get(first)
+        if rows is None:
+            skip = sum(self.sizes[:first])
+            rows = self._rows[first] = (self.weight[skip:], None if self.bias is None else self.bias[skip:],
+                                        PackedWeight())
+        return low_precision_linear(x, *rows)
 
     def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
         """:meth:`output` as one ``[T, out_i]`` view per part from part ``first`` on."""

@@ -30,7 +30,8 @@ from torch import nn
 
 from ..reference._tensor_key import tensor_key
 
-__all__ = ["GEMM_DTYPES", "CastGemmLinear", "cast_gemm_weights", "low_precision_linear", "parse_gemm_dtype"]
+__all__ = ["GEMM_DTYPES", "CastGemmLinear", "PackedWeight", "cast_gemm_weights", "low_precision_linear",
+           "parse_gemm_dtype"]
 
 GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -46,6 +47,7 @@ def parse_gemm_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
 
 # whether oneDNN runs bf16 GEMMs on this CPU (the condition for prepacking)
 _ONEDNN_BF16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+_linear_pointwise = torch.ops.mkldnn._linear_pointwise if _ONEDNN_BF16 else None
 
 
 def _packable(weight: torch.Tensor) -> bool:
@@ -55,38 +57,60 @@ def _packable(weight: torch.Tensor) -> bool:
             and not weight.is_inference() and _ONEDNN_BF16)
 
 
+class PackedWeight:
+    """The oneDNN-prepacked copy of one linear weight for :func:`low_precision_linear`, made on first use and made again
+    when the weight is replaced or updated in place.
+
+    A call with the tensor it saw last (the same object, version counter and storage address) returns the kept copy
+    after three attribute reads; any other weight is compared by its full :func:`tensor_key` (storage, layout, dtype,
+    device and version), and packed again when that differs. Only the current weight's copy is kept."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.packed: torch.Tensor | None = None
+        self._seen: tuple = (None, -1, 0)
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        seen, version, ptr = self._seen
+        if weight is seen and weight._version == version and weight.data_ptr() == ptr:
+            return self.packed
+        key = tensor_key(weight)
+        if key != self.key:
+            self.key, self.packed = key, torch.ops.mkldnn._reorder_linear_weight(weight)
+        self._seen = (weight, weight._version, weight.data_ptr())
+        return self.packed
+
+
 def low_precision_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         packs: dict) -> torch.Tensor:
+                         pack: PackedWeight) -> torch.Tensor:
     """``F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)``: ``x [..., in]``, ``weight [out, in]``, ``bias
     [out]`` (in the weight's dtype) -> ``[..., out]`` in ``x``'s dtype.
 
-    Where :func:`_packable`, through a oneDNN-prepacked copy of ``weight`` (see the module docstring) kept in the
-    caller's ``packs`` dict, keyed by :func:`tensor_key` (storage, layout and version), so a replaced or updated
-    weight is packed again. Bit-identical to the plain call."""
+    Where :func:`_packable`, through the caller's :class:`PackedWeight` of ``weight`` (see the module docstring), so
+    a replaced or updated weight is packed again. Bit-identical to the plain call."""
     xw = x.to(weight.dtype)
     if not _packable(weight):
         return F.linear(xw, weight, bias).to(x.dtype)
-    key = tensor_key(weight)
-    packed = packs.get(key)
-    if packed is None:
-        packs.clear()
-        packed = packs[key] = torch.ops.mkldnn._reorder_linear_weight(weight)
-    return torch.ops.mkldnn._linear_pointwise(xw, packed, bias, "none", [], "").to(x.dtype)
+    return _linear_pointwise(xw, pack.of(weight), bias, "none", [], "").to(x.dtype)
 
 
 class CastGemmLinear(nn.Module):
     """``y = (x.to(w) @ w.T + b).to(x.dtype)``: a linear layer whose weight ``[out, in]`` (and bias ``[out]``) live in
-    a GEMM dtype; inputs ``[..., in]`` of any floating dtype, output ``[..., out]`` in the input's dtype."""
+    a GEMM dtype; inputs ``[..., in]`` of any floating dtype, output ``[..., out]`` in the input's dtype. Called
+    directly (``__call__`` is :meth:`forward`: no module hooks), like :class:`~.fused_linear.FusedLinear`, which saves
+    a module call's bookkeeping (several us) at each of a forward's few-row GEMMs."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
-        self._packs: dict = {}
+        self._pack = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return low_precision_linear(x, self.weight, self.bias, self._packs)
+        return low_precision_linear(x, self.weight, self.bias, self._pack)
+
+    __call__ = forward
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, gemm_dtype={self.weight.dtype}"
