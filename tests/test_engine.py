@@ -513,7 +513,15 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     assert {p["policy"] for p in data["points"]} == names and len(data["points"]) == 2 * len(names)
     for p in data["points"]:
         assert p["system_tps"] > 0 and p["per_user_tps_p10"] <= p["per_user_tps_median"] and p["tau"] >= 1
-    assert data["readouts"]["per_user_at_matched_throughput_vs_mtp1"][0]["vs_mtp1"]["mtp1"] == pytest.approx(1.0)
+    # MTP-1 against itself: exactly 1 at a point on its Pareto frontier; a point that another MTP-1 point dominates
+    # (timing noise can make c = 2 faster per user than c = 1 on a tiny model) reads the frontier above it, >= 1
+    user, system = serving._frontier([p for p in data["points"] if p["policy"] == "mtp1"])
+    for row in data["readouts"]["per_user_at_matched_throughput_vs_mtp1"]:
+        own = row["vs_mtp1"]["mtp1"]
+        if any(u == row["mtp1_per_user_tps"] and s == row["system_tps"] for u, s in zip(user, system)):
+            assert own == pytest.approx(1.0)
+        else:
+            assert own >= 1.0 - 1e-9
     assert data["profile"]["source"] == ("measured" if mode == "live" else "modelled")
     if mode == "live":
         assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
