@@ -179,6 +179,55 @@ def test_traces_record_confidence_and_acceptance(target):
     assert torch.bincount(acc, minlength=5).tolist() == res.accept_hist
 
 
+
+@pytest.mark.parametrize("lens, wrong", [([3], None), ([2], 0), ([3, 3], 0), ([3, 0, 2], 2), ([1, 3, 2], 1)])
+def test_verify_round_keeps_the_accepted_rows_of_ragged_requests(target, lens, wrong):
+    """Greedy verify of ragged lengths (one request: slices; several: host-built indices): each request accepts the
+    drafts that match the target's greedy tokens (request ``wrong`` gets its second draft corrupted), emits the target's
+    next token, keeps the anchor and its accepted drafts with the features of the same ragged forward run on a second
+    cache, and its cache grows by exactly what it kept."""
+    from dspark_kernels.engine._common import PendingContext, prefill, verify_round
+    from dspark_kernels.models.drafter_api import DraftOutput
+    from dspark_kernels.sampling import Sampling
+
+    drafter, gamma = make_drafter(target), 3
+    prompts = [[1, 5, 9, 13], [1, 40], [1, 7, 8, 9, 10]][: len(lens)]
+    rids = list(range(len(lens)))
+    greedy = generate(target, prompts, gamma + 2).tokens  # anchor, the drafts all accepted, the bonus token
+    samp = Sampling.of([0.0] * len(rids), [0] * len(rids), [1.0] * len(rids), rids, [1] * len(rids), target.device)
+    caches = []
+    for _ in range(2):
+        tcache, dstate = target.new_cache(16, 4), drafter.new_state(16, 4)
+        for rid in rids:
+            tcache.add_request(rid)
+            drafter.add_request(dstate, rid)
+        pending = PendingContext()
+        first = prefill(target, drafter, tcache, dstate, rids, prompts, samp,
+                        defer=lambda kept, pending=pending: pending.add(rids, kept))
+        caches.append(tcache)
+    assert first == [g[0] for g in greedy]
+    drafts = [list(g[1: gamma + 1]) for g in greedy]
+    if wrong is not None:
+        drafts[wrong][1] = (drafts[wrong][1] + 1) % VOCAB
+    anchors = torch.tensor(first)
+    rnd = verify_round(target, drafter, caches[0], rids, anchors,
+                       DraftOutput(torch.tensor([t for d in drafts for t in d]), None, None), torch.tensor(lens), gamma,
+                       samp)
+    expect = [min(n, 1) if i == wrong else n for i, n in enumerate(lens)]
+    assert rnd.accepted == expect and rnd.num_accepted.tolist() == expect
+    assert rnd.emitted == [g[1: a + 2] for g, a in zip(greedy, expect)]
+    verified = [[first[i]] + drafts[i][: n] for i, n in enumerate(lens)]
+    cu = torch.tensor([0, *torch.tensor([len(v) for v in verified]).cumsum(0).tolist()], dtype=torch.int32)
+    fwd = target(torch.tensor([t for v in verified for t in v]), cu, rids, caches[1],
+                 hidden_layers=drafter.feature_layers)
+    feats = torch.cat([fwd.hidden_states[i] for i in drafter.feature_layers], -1)
+    rows = [int(cu[i]) + j for i, a in enumerate(expect) for j in range(a + 1)]
+    ids, kept_feats, kept_cu = rnd.kept
+    assert ids.tolist() == [t for v, a in zip(verified, expect) for t in v[: a + 1]]
+    assert kept_cu.tolist() == [0, *torch.tensor([a + 1 for a in expect]).cumsum(0).tolist()]
+    torch.testing.assert_close(kept_feats, feats[rows], rtol=0, atol=0)
+    assert [caches[0].length(r) for r in rids] == [len(p) + a + 1 for p, a in zip(prompts, expect)]
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temperature):
     """A verify round with every length 0 (a plain step, :func:`plain_round`) emits, per request, the token the
