@@ -180,21 +180,11 @@ def test_traces_record_confidence_and_acceptance(target):
 
 
 
-@pytest.mark.parametrize("lens, wrong", [([3], None), ([2], 0), ([3, 3], 0), ([3, 0, 2], 2), ([1, 3, 2], 1)])
-def test_verify_round_keeps_the_accepted_rows_of_ragged_requests(target, lens, wrong):
-    """Greedy verify of ragged lengths (one request: slices; several: host-built indices): each request accepts the
-    drafts that match the target's greedy tokens (request ``wrong`` gets its second draft corrupted), emits the target's
-    next token, keeps the anchor and its accepted drafts with the features of the same ragged forward run on a second
-    cache, and its cache grows by exactly what it kept."""
-    from dspark_kernels.engine._common import PendingContext, prefill, verify_round
-    from dspark_kernels.models.drafter_api import DraftOutput
-    from dspark_kernels.sampling import Sampling
+def _two_prefilled_caches(target, drafter, rids, prompts, samp):
+    """Two target caches holding the same prefilled prompts (one for the round under test, one for a reference
+    forward) and the prompts' first tokens."""
+    from dspark_kernels.engine._common import PendingContext, prefill
 
-    drafter, gamma = make_drafter(target), 3
-    prompts = [[1, 5, 9, 13], [1, 40], [1, 7, 8, 9, 10]][: len(lens)]
-    rids = list(range(len(lens)))
-    greedy = generate(target, prompts, gamma + 2).tokens  # anchor, the drafts all accepted, the bonus token
-    samp = Sampling.of([0.0] * len(rids), [0] * len(rids), [1.0] * len(rids), rids, [1] * len(rids), target.device)
     caches = []
     for _ in range(2):
         tcache, dstate = target.new_cache(16, 4), drafter.new_state(16, 4)
@@ -205,6 +195,25 @@ def test_verify_round_keeps_the_accepted_rows_of_ragged_requests(target, lens, w
         first = prefill(target, drafter, tcache, dstate, rids, prompts, samp,
                         defer=lambda kept, pending=pending: pending.add(rids, kept))
         caches.append(tcache)
+    return caches, first
+
+
+@pytest.mark.parametrize("lens, wrong", [([3], None), ([2], 0), ([3, 3], 0), ([3, 0, 2], 2), ([1, 3, 2], 1)])
+def test_verify_round_keeps_the_accepted_rows_of_ragged_requests(target, lens, wrong):
+    """Greedy verify of ragged lengths (one request: slices; several: host-built indices): each request accepts the
+    drafts that match the target's greedy tokens (request ``wrong`` gets its second draft corrupted), emits the target's
+    next token, keeps the anchor and its accepted drafts with the features of the same ragged forward run on a second
+    cache, and its cache grows by exactly what it kept."""
+    from dspark_kernels.engine._common import verify_round
+    from dspark_kernels.models.drafter_api import DraftOutput
+    from dspark_kernels.sampling import Sampling
+
+    drafter, gamma = make_drafter(target), 3
+    prompts = [[1, 5, 9, 13], [1, 40], [1, 7, 8, 9, 10]][: len(lens)]
+    rids = list(range(len(lens)))
+    greedy = generate(target, prompts, gamma + 2).tokens  # anchor, the drafts all accepted, the bonus token
+    samp = Sampling.of([0.0] * len(rids), [0] * len(rids), [1.0] * len(rids), rids, [1] * len(rids), target.device)
+    caches, first = _two_prefilled_caches(target, drafter, rids, prompts, samp)
     assert first == [g[0] for g in greedy]
     drafts = [list(g[1: gamma + 1]) for g in greedy]
     if wrong is not None:
@@ -233,7 +242,7 @@ def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temper
     """A verify round with every length 0 (a plain step, :func:`plain_round`) emits, per request, the token the
     rejection sampler draws from the target's row after zero drafts (the general path's call), keeps each anchor with
     its target features, and grows each cache by one."""
-    from dspark_kernels.engine._common import PendingContext, no_drafts, prefill, verify_round
+    from dspark_kernels.engine._common import no_drafts, verify_round
     from dspark_kernels.ops import rejection_sample
     from dspark_kernels.ops.rejection_sample import rejection_noise
     from dspark_kernels.sampling import Sampling
@@ -241,16 +250,7 @@ def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temper
     drafter = make_drafter(target)
     prompts, rids = [[1, 5, 9, 13], [1, 40]], [0, 1]
     samp = Sampling.of([temperature] * 2, [0, 0], [1.0, 1.0], [3, 4], [1, 1], target.device)
-    caches = []
-    for _ in range(2):
-        tcache, dstate = target.new_cache(8, 4), drafter.new_state(8, 4)
-        for rid in rids:
-            tcache.add_request(rid)
-            drafter.add_request(dstate, rid)
-        pending = PendingContext()
-        first = prefill(target, drafter, tcache, dstate, rids, prompts, samp,
-                        defer=lambda kept, pending=pending: pending.add(rids, kept))
-        caches.append(tcache)
+    caches, first = _two_prefilled_caches(target, drafter, rids, prompts, samp)
     anchors = torch.tensor(first)
     rnd = verify_round(target, drafter, caches[0], rids, anchors, no_drafts(2, 3, target.device),
                        torch.zeros(2, dtype=torch.int64), 3, samp)
