@@ -3,6 +3,8 @@
 
 * :func:`check_sampling`: one request's temperature / top-k / top-p, or a clear error;
 * :class:`Sampling`: the parameters, seeds and noise offsets of ``R`` requests as device tensors ``[R]``;
+* :class:`PromptSampling`: the parameters and seeds of a decode call's prompts (scalars or one per prompt, checked),
+  from which each step's :class:`Sampling` of the live prompts is made;
 * :func:`next_tokens`: one token per logits row with no drafts (a prefill's, a plain decode step's): the lowest-index
   argmax when every request is greedy, else :func:`~dspark_kernels.ops.rejection_sample` with zero drafts and the
   requests' counter-based noise, so a request's draw at step ``t`` depends only on its seed and ``t``.
@@ -18,7 +20,7 @@ import torch
 from .ops import rejection_sample
 from .ops.rejection_sample import rejection_noise
 
-__all__ = ["Sampling", "check_sampling", "next_tokens"]
+__all__ = ["PromptSampling", "Sampling", "check_sampling", "next_tokens", "per_request"]
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
@@ -49,6 +51,38 @@ class Sampling:
                    torch.tensor(seed, dtype=torch.int64, device=device),
                    torch.tensor(offset, dtype=torch.int64, device=device),
                    all(t == 0 for t in temperature))
+
+
+def per_request(name: str, value, n: int, cast) -> list:
+    """``value`` as a list of ``n`` entries cast by ``cast``: a scalar repeated, or one entry per prompt (checked)."""
+    if isinstance(value, (int, float)):
+        return [cast(value)] * n
+    vals = [cast(v) for v in value]
+    if len(vals) != n:
+        raise ValueError(f"{name} must be a scalar or have one entry per prompt ({n}), got {len(vals)}")
+    return vals
+
+
+class PromptSampling:
+    """Sampling parameters of the ``n`` prompts of one decode call: ``temperature``, ``top_k``, ``top_p`` and
+    ``seeds``, each a scalar or one value per prompt (checked by :func:`check_sampling`); ``seeds=None`` draws them
+    from torch's global RNG. ``greedy``: every prompt has temperature 0."""
+
+    def __init__(self, temperature: float | Sequence[float], top_k: int | Sequence[int], top_p: float | Sequence[float],
+                 seeds: Sequence[int] | None, n: int) -> None:
+        self.temperature = per_request("temperature", temperature, n, float)
+        self.top_k = per_request("top_k", top_k, n, int)
+        self.top_p = per_request("top_p", top_p, n, float)
+        for t, k, p in zip(self.temperature, self.top_k, self.top_p):
+            check_sampling(t, k, p)
+        self.seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else per_request("seeds", seeds, n,
+                                                                                                   int)
+        self.greedy = all(t == 0 for t in self.temperature)
+
+    def of(self, prompts: Sequence[int], offsets: Sequence[int], device: torch.device) -> Sampling:
+        """The :class:`Sampling` of the prompts with these indices, with their noise ``offsets``."""
+        return Sampling.of([self.temperature[i] for i in prompts], [self.top_k[i] for i in prompts],
+                           [self.top_p[i] for i in prompts], [self.seeds[i] for i in prompts], offsets, device)
 
 
 def next_tokens(logits: torch.Tensor, sampling: Sampling, impl: str | None = None) -> list[int]:

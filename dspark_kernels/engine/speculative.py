@@ -32,8 +32,7 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter
-from ..models.generate import _per_request
-from ..sampling import Sampling, check_sampling
+from ..sampling import PromptSampling, Sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .draft_length import AdaptiveDraftLength
 
@@ -127,15 +126,10 @@ def speculative_generate(
     if any(not p for p in prompts):
         raise ValueError("every prompt must hold at least one token")
     n, dev = len(prompts), target.device
-    temps, top_ks = _per_request("temperature", temperature, n, float), _per_request("top_k", top_k, n, int)
-    top_ps = _per_request("top_p", top_p, n, float)
-    for t, k, p in zip(temps, top_ks, top_ps):
-        check_sampling(t, k, p)
-    seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else _per_request("seeds", seeds, n, int)
+    params = PromptSampling(temperature, top_k, top_p, seeds, n)
 
     def sampling(live: list[int]) -> Sampling:
-        return Sampling.of([temps[i] for i in live], [top_ks[i] for i in live], [top_ps[i] for i in live],
-                           [seeds[i] for i in live], [rounds[i] for i in live], dev)
+        return params.of(live, [rounds[i] for i in live], dev)
 
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import Sampling, check_sampling, next_tokens
+from ..sampling import PromptSampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
 __all__ = ["GenerateResult", "forward_sequences", "generate"]
@@ -55,44 +55,9 @@ def forward_sequences(model: CausalLM, seqs: Sequence[Sequence[int]], **forward_
     return model(ids, cu, list(range(len(seqs))), cache, **forward_kwargs), cu
 
 
-def _per_request(name: str, value, n: int, cast) -> list:
-    if isinstance(value, (int, float)):
-        return [cast(value)] * n
-    vals = [cast(v) for v in value]
-    if len(vals) != n:
-        raise ValueError(f"{name} must be a scalar or have one entry per prompt ({n}), got {len(vals)}")
-    return vals
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class _Sampler:
-    """Picks the next token of each request from its logits row (:func:`~dspark_kernels.sampling.next_tokens`:
-    argmax, or the sampler op with zero drafts)."""
-
-    def __init__(self, temperature, top_k, top_p, seeds, n, device, impl):
-        self.temperature = _per_request("temperature", temperature, n, float)
-        self.top_k = _per_request("top_k", top_k, n, int)
-        self.top_p = _per_request("top_p", top_p, n, float)
-        for t, k, p in zip(self.temperature, self.top_k, self.top_p):
-            check_sampling(t, k, p)
-        self.greedy = all(t == 0 for t in self.temperature)
-        if seeds is None:
-            seeds = torch.randint(0, 2**31 - 1, (n,)).tolist()
-        self.seeds = _per_request("seeds", seeds, n, int)
-        self.device, self.impl = device, impl
-
-    def __call__(self, logits: torch.Tensor, reqs: list[int], offsets: list[int]) -> list[int]:
-        """``logits [len(reqs), V]`` -> one token per request; ``offsets`` = tokens each request generated so far
-        (the noise counter, so a request's draw at step t depends only on its seed and t)."""
-        if self.greedy:  # no parameter tensors to build
-            return logits.argmax(dim=-1).tolist()
-        sampling = Sampling.of([self.temperature[i] for i in reqs], [self.top_k[i] for i in reqs],
-                               [self.top_p[i] for i in reqs], [self.seeds[i] for i in reqs], offsets, self.device)
-        return next_tokens(logits, sampling, self.impl)
 
 
 def generate(
@@ -130,7 +95,7 @@ def generate(
             raise ValueError(f"prompt {i} is empty")
     eos = set() if eos_token_id is None else ({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
     dev = model.device
-    sampler = _Sampler(temperature, top_k, top_p, seeds, n, dev, impl)
+    sampler = PromptSampling(temperature, top_k, top_p, seeds, n)
     out: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     t0 = time.perf_counter()
@@ -152,7 +117,10 @@ def generate(
         last = (cu[1:] - 1).long()
         logits = model(ids, cu, live, cache, logits_indices=last, impl=impl, check_inputs=steps == 0).logits
         steps += 1
-        nxt = sampler(logits, live, [len(out[i]) for i in live])
+        if sampler.greedy:  # no parameter tensors to build
+            nxt = logits.argmax(dim=-1).tolist()
+        else:  # noise offset = tokens a request generated so far, so its draw at step t depends on its seed and t only
+            nxt = next_tokens(logits, sampler.of(live, [len(out[i]) for i in live], dev), impl)
         if steps == 1:
             _sync(dev)
             prefill_s = time.perf_counter() - t0
