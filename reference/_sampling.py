@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["inverse_cdf_ref", "target_probs_ref", "top_k_keep", "top_p_keep"]
+__all__ = ["inverse_cdf_ref", "target_probs_ref", "top_k_filters", "top_k_keep", "top_p_filters", "top_p_keep"]
+
+
+def top_k_filters(top_k: torch.Tensor, v: int) -> torch.Tensor:
+    """``[rows]`` bool: the rows whose top-k drops tokens of a ``V``-token row (k = 0 or k >= V keeps all)."""
+    return (top_k > 0) & (top_k < v)
+
+
+def top_p_filters(top_p: torch.Tensor) -> torch.Tensor:
+    """``[rows]`` bool: the rows whose top-p may drop tokens (p = 1 keeps all)."""
+    return top_p < 1
 
 
 def top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor | None:
     """``[rows, V]`` mask of tokens whose value is >= the row's k-th largest (k = 0 or k >= V keeps all); ``None``
     when no row filters (every row keeps all)."""
-    v = scaled.shape[1]
-    rows = ((top_k > 0) & (top_k < v)).nonzero().squeeze(1)
+    rows = top_k_filters(top_k, scaled.shape[1]).nonzero().squeeze(1)
     if not rows.numel():
         return None
     keep = torch.ones_like(scaled, dtype=torch.bool)
@@ -31,7 +40,7 @@ def top_k_keep(scaled: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor | None
 def top_p_keep(e: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor | None:
     """``[rows, V]`` mask ``e >= t*`` with ``t*`` the largest ``t`` such that ``sum(e[e >= t]) >= top_p * sum(e)``
     (per row); ``None`` when no row has ``top_p < 1`` (every row keeps all)."""
-    rows = (top_p < 1).nonzero().squeeze(1)
+    rows = top_p_filters(top_p).nonzero().squeeze(1)
     if not rows.numel():
         return None
     keep = torch.ones_like(e, dtype=torch.bool)

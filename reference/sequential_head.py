@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._sampling import inverse_cdf_ref, target_probs_ref
+from ._sampling import inverse_cdf_ref, target_probs_ref, top_k_filters, top_p_filters
 from ._tensor_key import tensor_key
 
 KINDS = ("none", "vanilla", "gated", "rnn")
@@ -225,8 +225,8 @@ def sequential_head_ref(
     bias = _MarkovBias(weights.w2) if weights.kind != "none" else None
     min_len, max_len = (int(lens.min()), int(lens.max())) if r else (0, 0)
     if probs is not None:  # decided once per call, not per slot: a filter no request asks for, and greedy rows
-        top_k = top_k if top_k is not None and bool(((top_k > 0) & (top_k < v)).any()) else None
-        top_p = top_p if top_p is not None and bool((top_p < 1).any()) else None
+        top_k = top_k if top_k is not None and bool(top_k_filters(top_k, v).any()) else None
+        top_p = top_p if top_p is not None and bool(top_p_filters(top_p).any()) else None
         any_greedy = bool((temperature == 0).any())
     for k in range(max_len):
         everyone = k < min_len  # every request takes part: whole-tensor reads instead of gathers
