@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -145,9 +146,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     # index work on the host (the lengths are there already): a row of [anchor, d_1 .. d_gamma] per request,
     # flattened; which rows are verified is a slice when every request verifies all gamma drafts
     block = torch.cat([anchors[:, None], drafted.tokens.view(r, gamma)], dim=1).view(-1)
-    cu_d = [0]
-    for l_r in lens:
-        cu_d.append(cu_d[-1] + l_r)
+    cu_d = list(accumulate(lens, initial=0))
     if all(l_r == gamma for l_r in lens):
         tokens, draft_rows = block, None
     else:
@@ -174,9 +173,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     for rid, l_r, a in zip(rids, lens, accepted):
         tcache.rollback(rid, l_r - a)
     feats = features_of(fwd.hidden_states, layers)
-    keep_cu = [0]
-    for a in accepted:
-        keep_cu.append(keep_cu[-1] + a + 1)
+    keep_cu = list(accumulate((a + 1 for a in accepted), initial=0))
     if r == 1:  # the first a + 1 rows: views
         kept_tokens, kept_feats = tokens[: keep_cu[1]], feats[: keep_cu[1]]
     else:
