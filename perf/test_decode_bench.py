@@ -7,7 +7,8 @@ Batch 1, greedy, one code prompt, ``NEW`` tokens, the same process and the same 
 records compare side by side. ``extra_info`` adds the measured tokens/s, the target forwards (steps) and tau; the
 roofline figures are the target's weights read once per forward (``bytes``) and ``2 * params`` FLOPs per token the
 target processes (``flops``), which is what bounds the decode on a GPU. Every method runs with fp32 and with
-weight-only bf16 GEMMs (``gemm_dtype``, the demo's default); compare methods within one setting.
+weight-only bf16 GEMMs (``gemm_dtype``, the demo's default) in the target; compare methods within one setting. The
+drafters' own layers run fp32 GEMMs in both settings, as in the demo (``--drafter-gemm-dtype``).
 """
 
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_decode(benchmark, models, method):
         def run():
             return generate(target, [ids], NEW, eos_token_id=EOS_ID)
     else:
-        drafter = load_drafter(ASSETS / "drafters" / method.removesuffix("_adaptive"), target, gemm_dtype=gemm_dtype)
+        drafter = load_drafter(ASSETS / "drafters" / method.removesuffix("_adaptive"), target, gemm_dtype="float32")
         if method.endswith("_adaptive"):  # measure_round_costs warms the drafter up itself
             gamma = ADAPTIVE_MAX
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, ids, gamma))
@@ -61,7 +62,7 @@ def test_decode(benchmark, models, method):
     else:  # the prompt, then every round's anchor and verified drafts
         processed = len(ids) + sum((l_r + 1) * n for l_r, row in enumerate(res.round_hist) for n in row)
     record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": gamma, "batch": 1,
-                              "gemm_dtype": gemm_dtype},
+                              "gemm_dtype": gemm_dtype, "drafter_gemm_dtype": "float32"},
            bytes_moved=steps * weight_bytes, flops=2.0 * params * processed, impl="torch")
     benchmark.extra_info.update({"steps": steps, "tau": getattr(res, "tau", 1.0), "threads": torch.get_num_threads()})
     if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)

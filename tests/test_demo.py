@@ -7,17 +7,20 @@ import pytest
 from dspark_kernels import demo
 
 
-@pytest.mark.parametrize("gemm_dtype,draft_length,invariant", [("float32", "adaptive", False),
-                                                               ("bfloat16", "adaptive", False),
-                                                               ("bfloat16", "fixed", False),
-                                                               ("bfloat16", "adaptive", True)])
-def test_demo_short_run_writes_json_and_matches_ar(tmp_path, gemm_dtype, draft_length, invariant):
+@pytest.mark.parametrize("gemm_dtype,drafter_gemm_dtype,draft_length,invariant", [
+    ("float32", "float32", "adaptive", False),
+    ("bfloat16", "float32", "adaptive", False),
+    ("bfloat16", "bfloat16", "fixed", False),
+    ("bfloat16", "float32", "adaptive", True)])
+def test_demo_short_run_writes_json_and_matches_ar(tmp_path, gemm_dtype, drafter_gemm_dtype, draft_length, invariant):
     out = tmp_path / "demo.json"
     demo.main(["--prompt", "def add(a, b):\n", "--max-new-tokens", "12", "--gemm-dtype", gemm_dtype,
-               "--draft-length", draft_length, "--json", str(out)] + (["--batch-invariant"] if invariant else []))
+               "--drafter-gemm-dtype", drafter_gemm_dtype, "--draft-length", draft_length, "--json", str(out)]
+              + (["--batch-invariant"] if invariant else []))
     data = json.loads(out.read_text())
     settings = data["settings"]
     assert settings["gemm_dtype"] == gemm_dtype and settings["draft_length"] == draft_length
+    assert settings["drafter_gemm_dtype"] == drafter_gemm_dtype
     assert settings["batch_invariant"] is invariant
     assert settings["gamma"] == (15 if draft_length == "adaptive" else 7)
     if draft_length == "adaptive":  # measured at start, per drafter

@@ -84,6 +84,21 @@ def test_greedy_speculative_equals_target_greedy_with_bf16_gemms(bf16_pair):
         assert spec.rounds > 0
 
 
+@pytest.mark.parametrize("target_gemm,drafter_gemm", [("bfloat16", "float32"), ("float32", "bfloat16")])
+def test_drafter_gemm_dtype_apart_from_the_target(target_dir, bf16_pair, tmp_path, target_gemm, drafter_gemm):
+    """The drafter's own layers follow its ``gemm_dtype``, its LM head stays the target's; greedy output is still the
+    target's."""
+    make_drafter(bf16_pair[0]).save(tmp_path)
+    target = load_model(target_dir, gemm_dtype=target_gemm)
+    drafter = load_drafter(tmp_path, target, gemm_dtype=drafter_gemm)
+    assert drafter.fc.weight.dtype == parse_gemm_dtype(drafter_gemm)
+    assert target.lm_head.weight.dtype == parse_gemm_dtype(target_gemm)
+    prompts = [[1, 5, 9, 13], [1] + list(range(20, 45))]
+    for gamma in (1, 5):
+        spec = speculative_generate(target, drafter, prompts, 20, gamma, temperature=0.0)
+        assert spec.tokens == generate(target, prompts, 20, temperature=0.0).tokens, gamma
+
+
 @pytest.mark.parametrize("name,steps", [("eagle", 4), ("mtp1", 1)])
 def test_chain_drafters_with_bf16_gemms_equal_target_greedy(target_dir, bf16_pair, tmp_path, name, steps):
     fp32, bf16, _ = bf16_pair

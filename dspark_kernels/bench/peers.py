@@ -18,7 +18,8 @@ decoding is deterministic, so the repeats return the same tokens. ``identical_to
 says whether a method produced exactly our AR decode's tokens on every prompt (HF runs in float32, like ours by
 default; a greedy tie broken differently by a different kernel would show here, not be hidden). ``--gemm-dtype
 bfloat16`` runs our methods with weight-only bf16 GEMMs (:mod:`dspark_kernels.models.gemm_dtype`); their text is then
-the bf16-GEMM target's, so the HF rows may differ from our AR.
+the bf16-GEMM target's, so the HF rows may differ from our AR. ``--drafter-gemm-dtype`` (default float32) sets our
+drafters' own layers apart from the target's.
 
 CLI: ``python -m dspark_kernels.bench peers --json results/peers.json``.
 """
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
     costs = {}
     for name in args.drafters:
-        drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.gemm_dtype)
+        drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.drafter_gemm_dtype)
         schedule = None
         if args.draft_length == "adaptive":  # measure_round_costs warms the drafter up itself
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, warm, args.gamma))
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
                          "draft_length": args.draft_length, "round_costs": costs, "domains": args.domains,
                          "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                          "batch_size": 1, "temperature": 0.0, "gemm_dtype": args.gemm_dtype,
-                         "repeats": args.repeats},
+                         "drafter_gemm_dtype": args.drafter_gemm_dtype, "repeats": args.repeats},
             "device": device_record(), "best_transformers": best_hf["method"], "runs": rows}
 
 
@@ -158,6 +159,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="our methods' linear-layer weight dtype (transformers runs in float32)")
+    p.add_argument("--drafter-gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
+                   help="our drafters' own linear-layer weight dtype (their LM head is the target's); it changes which "
+                        "tokens are proposed, never the output")
     p.add_argument("--repeats", type=int, default=3,
                    help="decode every prompt this many times with each method, interleaved; time the fastest")
     p.add_argument("--json", type=Path, help="write the results here (and a markdown table next to it)")

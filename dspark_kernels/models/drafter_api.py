@@ -131,7 +131,10 @@ def load_drafter_weights(module: torch.nn.Module, path: str | Path, target, dtyp
 def load_drafter(path, target, dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype | str | None = None
                  ) -> Drafter:
     """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``;
-    ``gemm_dtype`` as in :func:`dspark_kernels.models.load_model` (use the same setting for both)."""
+    ``gemm_dtype`` as in :func:`dspark_kernels.models.load_model`, for the drafter's own linear layers (its embedding
+    and LM head are the target's, in the target's setting). It need not match the target's: the drafter's numerics
+    decide only which tokens are proposed, never what verification emits (T = 0) or its distribution (T > 0). On a CPU
+    whose small bf16 GEMMs have a high fixed cost, fp32 drafter layers are the faster at a draft block's few rows."""
     kind = read_drafter_config(path)["drafter_type"]
     if kind == "block":
         from .drafter import load_block_drafter
