@@ -19,6 +19,7 @@ import torch
 
 from .ops import rejection_sample
 from .ops.rejection_sample import rejection_noise
+from .reference._sampling import argmax_rows
 
 __all__ = ["PromptSampling", "Sampling", "check_sampling", "next_tokens", "per_request"]
 
@@ -90,7 +91,7 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, impl: str | None = Non
     lowest-index argmax when every request is greedy, else :func:`rejection_sample` with zero drafts and the
     requests' noise of round ``sampling.offset``."""
     if sampling.greedy:
-        return logits.argmax(dim=1).tolist()
+        return argmax_rows(logits).tolist()
     dev, r = logits.device, logits.shape[0]
     zero_cu = torch.zeros(r + 1, dtype=torch.int32, device=dev)
     acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, zero_cu, 0, max_spec_len=0)

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._sampling import inverse_cdf_ref, target_probs_ref
+from ._sampling import argmax_rows, inverse_cdf_ref, target_probs_ref
 
 RESIDUAL_EPS = 1e-8
 HOST_ROWS = 256  # on the CPU, an all-greedy batch of at most this many target rows is verified by a Python scan
@@ -109,7 +109,7 @@ def rejection_sample_ref(
         top_p[row_req] if top_p is not None else None,
     )
     # the greedy rows' tokens (an all-stochastic batch needs none)
-    argmax = target_logits.argmax(dim=1) if all_greedy or bool(greedy.any()) else None
+    argmax = argmax_rows(target_logits) if all_greedy or bool(greedy.any()) else None
 
     x = draft_token_ids.long()
     if accept_uniforms is not None:
@@ -153,7 +153,7 @@ def greedy_host(draft_token_ids: torch.Tensor, cu_num_draft_tokens: torch.Tensor
     drafts are the longest prefix equal to the target's tokens and the next target token is emitted. The outputs
     and counters equal the tensor path's (tested bit for bit); for a few rows it is several times cheaper.
     """
-    target = target_logits.argmax(dim=1).tolist()
+    target = argmax_rows(target_logits).tolist()
     drafts = draft_token_ids.tolist()
     bounds = cu_num_draft_tokens.tolist()
     r = len(bounds) - 1

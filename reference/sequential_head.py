@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ._sampling import inverse_cdf_ref, target_probs_ref, top_k_filters, top_p_filters
+from ._sampling import argmax_rows, inverse_cdf_ref, target_probs_ref, top_k_filters, top_p_filters
 from ._tensor_key import tensor_key
 
 KINDS = ("none", "vanilla", "gated", "rnn")
@@ -243,7 +243,7 @@ def sequential_head_ref(
                 state[req] = new_state
             logits = bias.add(logits, lat)
         if probs is None:  # all greedy: the lowest-index argmax
-            token = logits.argmax(dim=1)
+            token = argmax_rows(logits)
         else:
             token, probs[rows] = _draw(logits, req, temperature, top_k, top_p, uniforms[rows], any_greedy)
         tokens[rows] = token

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_kernels.reference._sampling import inverse_cdf_ref, target_probs_ref
+from dspark_kernels.reference._sampling import argmax_rows, inverse_cdf_ref, target_probs_ref
 
 
 def _plain_target_probs(logits, temperature, top_k, top_p):
@@ -96,3 +96,49 @@ def test_inverse_cdf_falls_back_to_the_last_positive_weight():
     hit = w.cumsum(dim=1) > (u * w.sum(dim=1))[:, None]
     assert hit.any(dim=1).tolist() == [False, True]
     assert inverse_cdf_ref(w, u).tolist() == [3, 0] == _plain_inverse_cdf(w, u).tolist()
+
+
+def _argmax_cases():
+    """Rows that exercise the lowest-index rule: random, ties, +-inf, NaN (torch counts it as the maximum)."""
+    torch.manual_seed(7)
+    v = 37
+    rows = [torch.randn(v), torch.zeros(v), torch.full((v,), -float("inf"))]
+    tied = torch.randn(v)
+    tied[[4, 9, 30]] = tied.max() + 1
+    rows.append(tied)
+    with_inf = torch.randn(v)
+    with_inf[[2, 20]] = float("inf")
+    rows.append(with_inf)
+    with_nan = torch.randn(v)
+    with_nan[[11, 25]] = float("nan")
+    with_nan[3] = float("inf")
+    rows.append(with_nan)
+    rounded = torch.randint(-2, 3, (v,)).float()  # many ties at the maximum
+    rows.append(rounded)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_rows_equals_torch_argmax(dtype):
+    logits = _argmax_cases().to(dtype)
+    expected = logits.argmax(dim=1)
+    got = argmax_rows(logits)
+    assert got.dtype == torch.int64 and got.device == logits.device
+    assert torch.equal(got, expected)
+    assert got.tolist()[:7] == [int(expected[0]), 0, 0, 4, 2, 11, int(expected[6])]
+
+
+def test_argmax_rows_on_views_grads_inference_and_no_rows():
+    logits = _argmax_cases()
+    wide = torch.randn(5, 3000)
+    wide[:, 1234] = 50.0
+    wide[2, 7] = 50.0  # a tie: the lower index wins
+    for x in (logits.t().contiguous().t(), logits[:, ::2], logits[::2], wide, wide.t().contiguous().t()):
+        assert torch.equal(argmax_rows(x), x.argmax(dim=1))
+    leaf = torch.randn(4, 50, requires_grad=True)
+    assert torch.equal(argmax_rows(leaf), leaf.argmax(dim=1))
+    with torch.inference_mode():
+        frozen = torch.randn(3, 60)
+        assert torch.equal(argmax_rows(frozen), frozen.argmax(dim=1))
+    assert argmax_rows(torch.zeros(0, 9)).shape == (0,)
+

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..reference._sampling import argmax_rows
 from ..sampling import PromptSampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
@@ -118,7 +119,7 @@ def generate(
         logits = model(ids, cu, live, cache, logits_indices=last, impl=impl, check_inputs=steps == 0).logits
         steps += 1
         if sampler.greedy:  # no parameter tensors to build
-            nxt = logits.argmax(dim=-1).tolist()
+            nxt = argmax_rows(logits).tolist()
         else:  # noise offset = tokens a request generated so far, so its draw at step t depends on its seed and t only
             nxt = next_tokens(logits, sampler.of(live, [len(out[i]) for i in live], dev), impl)
         if steps == 1:
