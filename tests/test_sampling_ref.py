@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_kernels.reference._sampling import argmax_rows, inverse_cdf_ref, target_probs_ref
+from dspark_kernels.reference._sampling import argmax_rows, first_true, inverse_cdf_ref, target_probs_ref
 
 
 def _plain_target_probs(logits, temperature, top_k, top_p):
@@ -141,4 +141,19 @@ def test_argmax_rows_on_views_grads_inference_and_no_rows():
         frozen = torch.randn(3, 60)
         assert torch.equal(argmax_rows(frozen), frozen.argmax(dim=1))
     assert argmax_rows(torch.zeros(0, 9)).shape == (0,)
+
+
+def test_first_true_equals_torch_bool_max():
+    torch.manual_seed(3)
+    mask = torch.rand(9, 300) > 0.97
+    mask[0] = False  # no True: found False, index 0
+    mask[1] = True
+    mask[2] = False
+    mask[2, -1] = True
+    for m in (mask, mask[:, 1:], mask[::2], mask.t().contiguous().t(), torch.zeros(0, 5, dtype=torch.bool)):
+        found, first = first_true(m)
+        ref_found, ref_first = m.max(dim=1)
+        assert found.dtype == torch.bool and first.dtype == torch.int64
+        assert torch.equal(found, ref_found) and torch.equal(first, ref_first)
+    assert first_true(mask)[1][:3].tolist() == [0, 0, 299]
 
