@@ -262,9 +262,9 @@ def greedy_host(base_logits: torch.Tensor, anchor_tokens: torch.Tensor, cu_num_d
     their lowest-index argmax. Returns ``tokens [N]`` int64. The sums are the tensor path's float32 adds element for
     element, so the tokens equal its tokens (tested bit for bit); for a decode round's few slots it is several times
     cheaper."""
-    base = base_logits.detach().float().numpy()
     if bias_rows is None:
-        return torch.from_numpy(base.argmax(axis=1)).to(torch.int64)
+        return argmax_rows(base_logits.float())
+    base = base_logits.detach().float().numpy()
     bounds = cu_num_draft_tokens.tolist()
     tokens = [0] * base.shape[0]
     scratch = np.empty(base.shape[1], dtype=np.float32)
