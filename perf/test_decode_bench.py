@@ -25,6 +25,7 @@ from perf.roofline import record
 
 ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
 NEW, GAMMA, ADAPTIVE_MAX = 48, 7, 15
+DRAFTER_GEMM_DTYPE = "float32"  # the drafters' own layers in both target settings, as in the demo
 PROMPT = "import os\n\n\ndef list_python_files(root):\n"
 
 
@@ -47,7 +48,8 @@ def test_decode(benchmark, models, method):
         def run():
             return generate(target, [ids], NEW, eos_token_id=EOS_ID)
     else:
-        drafter = load_drafter(ASSETS / "drafters" / method.removesuffix("_adaptive"), target, gemm_dtype="float32")
+        drafter = load_drafter(ASSETS / "drafters" / method.removesuffix("_adaptive"), target,
+                               gemm_dtype=DRAFTER_GEMM_DTYPE)
         if method.endswith("_adaptive"):  # measure_round_costs warms the drafter up itself
             gamma = ADAPTIVE_MAX
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, ids, gamma))
@@ -62,7 +64,7 @@ def test_decode(benchmark, models, method):
     else:  # the prompt, then every round's anchor and verified drafts
         processed = len(ids) + sum((l_r + 1) * n for l_r, row in enumerate(res.round_hist) for n in row)
     record(benchmark, shapes={"method": method, "new_tokens": NEW, "gamma": gamma, "batch": 1,
-                              "gemm_dtype": gemm_dtype, "drafter_gemm_dtype": "float32"},
+                              "gemm_dtype": gemm_dtype, "drafter_gemm_dtype": DRAFTER_GEMM_DTYPE},
            bytes_moved=steps * weight_bytes, flops=2.0 * params * processed, impl="torch")
     benchmark.extra_info.update({"steps": steps, "tau": getattr(res, "tau", 1.0), "threads": torch.get_num_threads()})
     if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)
