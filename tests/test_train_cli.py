@@ -50,3 +50,36 @@ def test_train_resume_save_load(setup, name, cli, extra):
     drafter = load_drafter(setup / "out" / name, target)
     res = speculative_generate(target, drafter, [[1, 5, 6]], 6, 1 if name == "mtp1" else 3)
     assert len(res.tokens[0]) == 6
+
+
+def _weights(path):
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("name,cli,extra", [
+    ("dspark", block_cli, ["--rank", "8", "--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2"]),
+    ("eagle", chain_cli, ["--steps-unroll", "2"]),
+])
+def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra):
+    """``--init DIR`` starts from a saved drafter: at learning rate 0 the saved weights come back unchanged, at the
+    default rate they move from there; a different architecture or a missing directory is a clear error."""
+    def run(tag, *more, arch=extra):
+        cli.main(["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
+                  "--work-dir", str(setup / "init_runs" / tag), "--out", str(setup / "init_out" / tag),
+                  "--batch-size", "2", *arch, *more])
+
+    run(f"{name}-base", "--steps", "2")
+    base = setup / "init_out" / f"{name}-base"
+    run(f"{name}-lr0", "--steps", "1", "--lr", "0", "--init", str(base))
+    start, same = _weights(base), _weights(setup / "init_out" / f"{name}-lr0")
+    assert set(start) == set(same) and all(torch.equal(start[k], same[k]) for k in start)
+    run(f"{name}-ft", "--steps", "2", "--init", str(base))
+    moved = _weights(setup / "init_out" / f"{name}-ft")
+    assert any(not torch.equal(start[k], moved[k]) for k in start)
+    with pytest.raises(FileNotFoundError, match="--init"):
+        run(f"{name}-missing", "--steps", "1", "--init", str(setup / "nowhere"))
+    if cli is block_cli:
+        with pytest.raises(ValueError, match="--init.*shape"):
+            run(f"{name}-rank4", "--steps", "1", "--init", str(base), arch=[*extra, "--rank", "4"])

@@ -11,7 +11,8 @@ anchor rule as the block drafter), against the rollout token (CE) and the target
 memory: the LM head and loss run at that many random supervised positions per sequence (the layer runs everywhere).
 
 AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
-from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
+from ``work_dir/checkpoint.pt``, or started from a saved drafter's weights with ``--init DIR`` (fine-tuning, e.g. on new
+rollouts); losses to ``work_dir/log.jsonl``.
 
 CLI::
 

@@ -9,7 +9,8 @@ DSpark uses (0.1, 0.9, 1.0); DFlash (1, 0, 0) with no Markov head and no confide
 
 Each step draws a block size from ``--gammas`` (default 7 and 15, so one checkpoint serves both benchmark settings).
 AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
-from ``work_dir/checkpoint.pt``; losses to ``work_dir/log.jsonl``.
+from ``work_dir/checkpoint.pt``, or started from a saved drafter's weights with ``--init DIR`` (fine-tuning, e.g. on new
+rollouts); losses to ``work_dir/log.jsonl``.
 
 CLI::
 

@@ -26,6 +26,7 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     """Minimise ``loss_fn()`` (a fresh batch each call; returns the loss and the values to log) for ``args.steps``.
 
     Uses ``args``: ``lr``, ``steps``, ``work_dir`` (``checkpoint.pt``, ``log.jsonl``), ``resume``, ``ckpt_every``,
+    ``init`` (a saved drafter directory whose weights start a run that has no checkpoint to resume: fine-tuning),
     ``name`` and ``out`` (the drafter is saved there in bfloat16 with ``train_summary.json``). AdamW with weight decay
     0, gradient clipping at 1.0; the checkpoint holds the model, the optimiser, the step and ``rng``'s state.
     """
@@ -41,6 +42,8 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
         opt.load_state_dict(ckpt["opt"])
         step = ckpt["step"]
         rng.setstate(ckpt["rng"])
+    elif args.init is not None:
+        load_initial_weights(drafter, args.init)
     with open(work / "log.jsonl", "a") as log, tqdm(total=args.steps, initial=step, desc=args.name,
                                                     dynamic_ncols=True) as bar:
         while step < args.steps:
@@ -66,6 +69,26 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     return summary
 
 
+def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
+    """Fill ``drafter`` (in training mode, its own dtype) from ``init_dir/model.safetensors``, a directory that a
+    trainer saved for the same architecture; clear errors for missing, extra or mis-shaped tensors."""
+    from safetensors.torch import load_file
+
+    weights = Path(init_dir) / "model.safetensors"
+    if not weights.exists():
+        raise FileNotFoundError(f"--init: no drafter weights at {weights}")
+    state = load_file(str(weights))
+    own = drafter.state_dict()
+    if set(state) != set(own):
+        raise ValueError(f"--init {init_dir}: tensors differ from this drafter's: missing "
+                         f"{sorted(set(own) - set(state))[:5]}, unexpected {sorted(set(state) - set(own))[:5]}")
+    for name, tensor in state.items():
+        if tensor.shape != own[name].shape:
+            raise ValueError(f"--init {init_dir}: {name} has shape {tuple(tensor.shape)}, this drafter's "
+                             f"{tuple(own[name].shape)} (is the architecture, e.g. --rank / --layers, the saved one?)")
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """The options every drafter trainer shares (the ones :func:`run_training` and the data loaders read)."""
     p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
@@ -81,6 +104,8 @@ def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init", type=Path, default=None,
+                   help="start from a saved drafter directory's weights (fine-tuning; ignored when resuming)")
 
 
 def training_main(parser: argparse.ArgumentParser, train: Callable[[argparse.Namespace], dict],
