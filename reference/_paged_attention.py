@@ -161,15 +161,33 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class PlannedCall:
-    """What every attention plan is made for: ``total_q`` query rows and a cache with ``page_size`` slots per page."""
+    """What every attention plan is made for: ``total_q`` query rows, a cache with ``page_size`` slots per page, the
+    per-request query and cached (KV or context) lengths, and a CPU copy of the page table it was planned from."""
 
     total_q: int
     page_size: int
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    page_table: torch.Tensor
+
+    @staticmethod
+    def inputs(q_lens: list[int], kv_lens: list[int], page_table: torch.Tensor) -> dict:
+        """The ``q_lens``, ``kv_lens`` and ``page_table`` fields of a plan made from these inputs."""
+        return {"q_lens": tuple(q_lens), "kv_lens": tuple(kv_lens),
+                "page_table": page_table.detach().to("cpu", torch.int64, copy=True)}
 
     def check(self, q: torch.Tensor, k_cache: torch.Tensor) -> None:
         if q.shape[0] != self.total_q or k_cache.shape[1] != self.page_size:
             raise ValueError(f"plan was made for {self.total_q} query rows and page size {self.page_size}, got "
                              f"{q.shape[0]} rows and page size {k_cache.shape[1]}")
+
+    def check_made_for(self, q_lens: list[int], kv_lens: list[int], page_table: torch.Tensor) -> None:
+        """Raise unless the plan was made for these lengths and an equal page table (the ops' input validation)."""
+        if (tuple(q_lens), tuple(kv_lens)) != (self.q_lens, self.kv_lens):
+            raise ValueError(f"plan was made for query lengths {list(self.q_lens)} and cached lengths "
+                             f"{list(self.kv_lens)}, got {list(q_lens)} and {list(kv_lens)}: make a new plan")
+        if not torch.equal(page_table.detach().to("cpu", torch.int64), self.page_table):
+            raise ValueError("plan was made for another page_table: make a new plan")
 
 
 @dataclass(frozen=True)

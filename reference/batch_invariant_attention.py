@@ -110,7 +110,8 @@ def plan_batch_invariant_attention(page_table: torch.Tensor, cu_seqlens_q: torch
         rows = rows.reshape(-1)
         groups.append(TiledGroupPlan(n, nq, nb, rows, keep, rows[keep],
                                      PagedRead.of(page_table[req], kv, nb * KEY_BLOCK, page_size), bias))
-    return BatchInvariantPlan(total, page_size, tuple(groups))
+    return BatchInvariantPlan(total, page_size, **BatchInvariantPlan.inputs(q_lens, kv_lens, page_table),
+                              groups=tuple(groups))
 
 
 def _tiled_group(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, g: TiledGroupPlan,

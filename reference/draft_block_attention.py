@@ -34,7 +34,7 @@ def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Ten
             allowed = paged.mask_or_none(key_ok[:, None, :].expand(-1, max_q, -1))
         cached = paged.PagedRead.of(page_table[g], ctx_t[g], max_ctx, page_size)
         groups.append(paged.GroupPlan(block, cached, allowed))
-    return AttentionPlan(total, page_size, tuple(groups))
+    return AttentionPlan(total, page_size, **AttentionPlan.inputs(q_lens, ctx, page_table), groups=tuple(groups))
 
 
 def draft_block_attention_ref(

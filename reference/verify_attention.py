@@ -40,7 +40,7 @@ def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, 
             allowed = mask_or_none((key <= q_pos) & (key < kv))  # causal, and no key past the request's own length
         groups.append(GroupPlan(RaggedRows.of(cu[:-1][g], q_lens_t[g], q_lens[g], max_q, total),
                                 PagedRead.of(page_table[g], kv_t[g], max_kv, page_size), allowed))
-    return AttentionPlan(total, page_size, tuple(groups))
+    return AttentionPlan(total, page_size, **AttentionPlan.inputs(q_lens, kv_lens, page_table), groups=tuple(groups))
 
 
 def verify_attention_ref(

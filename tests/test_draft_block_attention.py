@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dspark_kernels.ops import draft_block_attention, plan_draft_block_attention
-from tests.test_verify_attention import assert_close_ratio, make_paged_batch, poison_unused
+from tests.test_verify_attention import assert_close_ratio, every_other, make_paged_batch, poison_unused
 
 
 def make_block_batch(block_lens, ctx_lens, hq, hkv, d, page_size, dtype=torch.float32, seed=0):
@@ -115,8 +115,9 @@ def test_inputs_not_mutated():
         (2, lambda a: a.half(), "v_block must have dtype"),
         (7, lambda a: torch.tensor([-1, 2], dtype=torch.int32), "ctx_lens must be >= 0"),
         (7, lambda a: torch.tensor([99, 2], dtype=torch.int32), "page_table capacity"),
-        (6, lambda a: torch.tensor([0, 1], dtype=torch.int32), "cu_seqlens_q must have shape"),
+        (6, lambda a: torch.tensor([0, 1], dtype=torch.int32), "cu_seqlens_q must have R . 1 = 3 offsets"),
         (0, lambda a: a[:, :3], "multiple of k_cache kv heads"),
+        (5, lambda a: a.index_fill(1, torch.tensor([0]), 10**6), r"page_table\[0, 0\] must be a page id"),
     ],
 )
 def test_bad_input(index, value, match):
@@ -141,3 +142,29 @@ def test_reference_request_groups_do_not_change_the_result(monkeypatch):
     whole = draft_block_attention(*args, impl="torch")
     monkeypatch.setattr(paged, "SCORE_BUDGET", 1)
     torch.testing.assert_close(draft_block_attention(*args, impl="torch"), whole, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_strided_inputs_read_like_contiguous_ones(impl):
+    """Every tensor as a view whose last dim has stride 2 (the page table transposed) gives the contiguous inputs'
+    output: the Triton launcher hands its kernel unit-stride rows."""
+    args = make_block_batch([3, 0, 5], [9, 4, 12], 4, 2, 64, 4)
+    strided = [every_other(a) for a in args]
+    strided[5] = args[5].t().contiguous().t()
+    torch.testing.assert_close(draft_block_attention(*strided, impl=impl), draft_block_attention(*args, impl=impl),
+                               rtol=0, atol=0)
+
+
+def test_call_arguments_and_plan_are_checked():
+    args = make_block_batch([2, 3], [4, 2], 4, 2, 64, 4)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be an int >= the longest query \(3 rows\)"):
+        draft_block_attention(*args, impl="torch", max_seqlen_q=2)
+    with pytest.raises(ValueError, match="sm_scale must be a finite number > 0"):
+        draft_block_attention(*args, -1.0, impl="torch")
+    q, kb, vb, k, v, pt, cu, ctx = args
+    plan = plan_draft_block_attention(pt, cu, ctx, page_size=4, num_q_heads=4, impl="torch")
+    with pytest.raises(ValueError, match="plan was made for query lengths"):
+        draft_block_attention(q, kb, vb, k, v, pt, cu, torch.tensor([4, 1], dtype=torch.int32), impl="torch",
+                              plan=plan)
+    with pytest.raises(ValueError, match="cu_seqlens_q must have R . 1 = 3 offsets"):
+        plan_draft_block_attention(pt, cu[:2], ctx, page_size=4, num_q_heads=4, impl="torch")

@@ -483,6 +483,7 @@ BAD_INPUTS = [
     ("temperature", _set("temperature", torch.tensor([1.0, float("inf"), 1.0]))),
     ("temperature", _set("temperature", torch.tensor([1.0, 1.0]))),
     ("temperature", _set("temperature", torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64))),
+    ("temperature 1e-38 is too small for target_logits row 3", _set("temperature", torch.tensor([1.0, 1e-38, 1.0]))),
     ("top_k", _set("top_k", torch.tensor([1, -1, 0]))),
     ("top_k", _set("top_k", torch.tensor([1.0, 1.0, 0.0]))),
     ("top_k", _set("top_k", torch.tensor([1, 2]))),

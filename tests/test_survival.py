@@ -407,6 +407,9 @@ def test_bad_inputs():
         select_verify_lengths_topk(a, cu, torch.tensor([-2]))
     with pytest.raises(TypeError, match="budget"):
         select_verify_lengths_topk(a, cu, 1.5)
+    for op, first in ((select_verify_lengths_alg1, a), (capacity_unconstrained, a)):
+        with pytest.raises(TypeError, match="cu_num_draft_tokens must be a torch.Tensor"):
+            op(first, [0, 2, 3], sps)
 
 
 def test_alg1_host_scan_equals_the_tensor_path():
@@ -436,3 +439,14 @@ def test_alg1_host_scan_equals_the_tensor_path():
         want = alg1_vectorised(a, cu, sps)
         got = alg1_host(a, cu, sps)
         assert got.dtype == torch.int32 and torch.equal(got, want), (rows, sps.tolist())
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_strided_offsets_and_temperatures(impl):
+    """``cu`` and the temperatures as stride-2 views give the contiguous inputs' survival (the Triton launcher hands
+    its kernel unit-stride vectors)."""
+    from tests.test_verify_attention import every_other
+
+    logits, cu, temps = torch.tensor([2.0, 1.0, 0.5, 3.0, -1.0]), torch.tensor([0, 3, 5]), torch.tensor([1.0, 2.0, 0.5])
+    torch.testing.assert_close(prefix_survival(logits, every_other(cu), every_other(temps), impl=impl),
+                               prefix_survival(logits, cu, temps, impl=impl), rtol=0, atol=0)

@@ -201,7 +201,14 @@ def _bad(fn):
         (lambda kw: kw.update(page_table=kw["page_table"].float()), "page_table must have dtype"),
         (lambda kw: kw.update(cu_seqlens_q=torch.tensor([0, 2, 4], dtype=torch.int32)), r"cu_seqlens_q\[-1\]"),
         (lambda kw: kw.update(cu_seqlens_q=torch.tensor([1, 2, 3], dtype=torch.int32)), r"cu_seqlens_q\[0\]"),
-        (lambda kw: kw.update(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), "cu_seqlens_q must have shape"),
+        (lambda kw: kw.update(cu_seqlens_q=torch.tensor([0, 3], dtype=torch.int32)), "cu_seqlens_q must have R . 1"),
+        (lambda kw: kw["page_table"].__setitem__((1, 0), kw["k_cache"].shape[0]), r"page_table\[1, 0\] must be a page"),
+        (lambda kw: kw["page_table"].__setitem__((0, 1), -1), r"page_table\[0, 1\] must be a page id in \[0, "),
+        (lambda kw: kw.update(max_seqlen_q=1), r"max_seqlen_q must be an int >= the longest query \(2 rows\)"),
+        (lambda kw: kw.update(max_seqlen_q=2.0), "max_seqlen_q must be an int"),
+        (lambda kw: kw.update(sm_scale=float("nan")), "sm_scale must be a finite number > 0"),
+        (lambda kw: kw.update(sm_scale=0.0), "sm_scale must be a finite number > 0"),
+        (lambda kw: kw.update(**{n: kw[n][..., :0] for n in ("q", "k_cache", "v_cache")}), "head_dim must be >= 1"),
         (lambda kw: kw.update(seq_lens=torch.tensor([1, 3], dtype=torch.int32)), "seq_lens must be >="),
         (lambda kw: kw.update(seq_lens=torch.tensor([50, 3], dtype=torch.int32)), "page_table capacity"),
         (lambda kw: kw.update(q=kw["q"].to("meta")), "must be on device"),
@@ -270,3 +277,51 @@ def test_plan_masks_only_when_some_query_cannot_see_some_key(q_lens, kv_lens, ma
     assert (plan.groups[0].allowed is not None) == masked
     torch.testing.assert_close(verify_attention(*args, impl="torch", plan=plan), dense_oracle(*args), rtol=1e-5,
                                atol=1e-5)
+
+
+def test_unused_page_table_entries_may_hold_padding():
+    """Only the pages that cover a request's length are read, so entries past them may hold -1 or any value."""
+    q, k, v, pt, cu, sl = make_paged_batch([2, 1], [5, 3], 4, 2, 64, 4)
+    wide = torch.cat([pt, torch.full((2, 2), -1, dtype=pt.dtype)], dim=1)
+    wide[1, 1] = 10**6
+    for impl in ("torch", "triton"):
+        torch.testing.assert_close(verify_attention(q, k, v, wide, cu, sl, impl=impl),
+                                   verify_attention(q, k, v, pt, cu, sl, impl=impl), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_strided_inputs_read_like_contiguous_ones(impl):
+    """Views the checks accept (a transposed page table, every other offset, a cache whose last dim has stride 2)
+    give the contiguous inputs' output: the Triton launcher hands its kernel unit-stride rows."""
+    q, k, v, pt, cu, sl = make_paged_batch([3, 1, 4], [9, 4, 12], 4, 2, 64, 4)
+    strided = (q, *(every_other(t) for t in (k, v)), pt.t().contiguous().t(), *(every_other(t) for t in (cu, sl)))
+    assert strided[3].stride(-1) != 1
+    torch.testing.assert_close(verify_attention(*strided, impl=impl), verify_attention(q, k, v, pt, cu, sl, impl=impl),
+                               rtol=0, atol=0)
+
+
+def every_other(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values as a view whose last dim has stride 2, the other elements of its storage holding other values."""
+    return torch.stack([t, t * 3 + 5], dim=-1)[..., 0]
+
+
+def test_plan_must_match_the_call():
+    """A plan checks, with validation on, that it was made for the call's lengths and page table; its own arguments
+    are checked like the op's."""
+    q, k, v, pt, cu, sl = make_paged_batch([2, 1], [5, 3], 4, 2, 64, 4)
+    plan = plan_verify_attention(pt, cu, sl, 4, 4, impl="torch")
+    verify_attention(q, k, v, pt, cu, sl, impl="torch", plan=plan)
+    with pytest.raises(ValueError, match="plan was made for query lengths"):
+        verify_attention(q, k, v, pt, cu, torch.tensor([6, 3], dtype=torch.int32), impl="torch", plan=plan)
+    other = pt.clone()
+    other[0, 0] = k.shape[0] - 1 if int(pt[0, 0]) != k.shape[0] - 1 else 0
+    with pytest.raises(ValueError, match="another page_table"):
+        verify_attention(q, k, v, other, cu, sl, impl="torch", plan=plan)
+    with pytest.raises(ValueError, match="page_table must have shape"):
+        plan_verify_attention(pt[:1], cu, sl, 4, 4, impl="torch")
+    with pytest.raises(TypeError, match="page_table must be a torch.Tensor"):
+        plan_verify_attention(pt.tolist(), cu, sl, 4, 4, impl="torch")
+    with pytest.raises(ValueError, match="num_q_heads must be an int >= 1"):
+        plan_verify_attention(pt, cu, sl, 4, 0, impl="torch")
+    with pytest.raises(ValueError, match="page_size"):
+        plan_verify_attention(pt, cu, sl, 0, 4, impl="torch")

@@ -328,7 +328,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids.long())
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_verify_attention(page_table, cu, seq_lens, cache.page_size, self.config.num_attention_heads,
-                                     impl=impl, batch_invariant=self.batch_invariant)
+                                     impl=impl, batch_invariant=self.batch_invariant, check_inputs=check_inputs)
         ctx = _BatchCtx(cache, page_table, seq_lens, cu, slots, cos, sin, impl, check_inputs,
                         max(q_lens, default=0), plan)
         wanted = set(hidden_layers)

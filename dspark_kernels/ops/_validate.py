@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -84,3 +85,90 @@ def check_sampling_params(
         check_tensor("top_p", top_p, ndim=1, dtypes=(torch.float32,), device=device)
         check_shape("top_p", top_p, (r,))
         check_range("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")
+
+
+def check_paged_requests(
+    lens_name: str, lens: object, page_table: object, cu_seqlens_q: object, total_q: int | None, page_size: object,
+    num_pages: int | None, device: torch.device | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The request layout of the paged attention ops: ``lens [R]`` cached tokens each request reads (named
+    ``lens_name``), ``cu_seqlens_q [R + 1]`` offsets of ``total_q`` query rows (``None``: whatever ``cu`` ends at, for
+    a plan, which sees no queries), ``page_table [R, max_pages]`` whose first ``ceil(lens[r] / page_size)`` entries
+    of row ``r`` must be page ids in ``[0, num_pages)`` (later entries are never read, so padding such as -1 is
+    allowed; ``num_pages`` ``None``: not checked, for a plan, which sees no cache). Returns host int64 copies of
+    ``cu_seqlens_q`` and ``lens``."""
+    check_tensor(lens_name, lens, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    r = lens.shape[0]
+    check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=INDEX_DTYPES, device=lens.device)
+    if cu_seqlens_q.shape[0] != r + 1:
+        raise ValueError(f"cu_seqlens_q must have R + 1 = {r + 1} offsets for the R = {r} requests of {lens_name}, got "
+                         f"{cu_seqlens_q.shape[0]} (one of the two has the wrong length)")
+    check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=lens.device)
+    check_shape("page_table", page_table, (r, None))
+    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+        raise ValueError(f"page_size (the cache's dim 1) must be an int >= 1, got {page_size!r}")
+    cu = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q if total_q is not None else int(cu_seqlens_q[-1]))
+    n = lens.detach().to("cpu", torch.int64)
+    check_range(lens_name, n, n >= 0, ">= 0")
+    max_pages = page_table.shape[1]
+    if r and int(n.max()) > max_pages * page_size:
+        raise ValueError(f"{lens_name} (max {int(n.max())}) exceeds page_table capacity {max_pages} pages x "
+                         f"{page_size}")
+    if num_pages is not None and r and max_pages:
+        pt = page_table.detach().to("cpu", torch.int64)
+        pages = (n + page_size - 1) // page_size
+        bad = (torch.arange(max_pages)[None, :] < pages[:, None]) & ((pt < 0) | (pt >= num_pages))
+        if bool(bad.any()):
+            i, j = bad.nonzero()[0].tolist()
+            raise ValueError(f"page_table[{i}, {j}] must be a page id in [0, {num_pages}) (request {i} reads "
+                             f"{int(n[i])} cached tokens: its first {int(pages[i])} pages), got {int(pt[i, j])}")
+    return cu, n
+
+
+def check_attention_call(sm_scale: object, max_seqlen_q: object, q_lens: torch.Tensor) -> None:
+    """``sm_scale`` ``None`` or a finite float > 0; ``max_seqlen_q`` ``None`` or an int >= the longest of
+    ``q_lens [R]`` (it sizes the Triton grid: a smaller one would leave query rows unwritten)."""
+    if sm_scale is not None:
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not math.isfinite(sm_scale) \
+                or sm_scale <= 0:
+            raise ValueError(f"sm_scale must be a finite number > 0 (or None for head_dim ** -0.5), got {sm_scale!r}")
+    if max_seqlen_q is not None:
+        longest = int(q_lens.max()) if q_lens.numel() else 0
+        if not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool) or max_seqlen_q < longest:
+            raise ValueError(f"max_seqlen_q must be an int >= the longest query ({longest} rows), got {max_seqlen_q!r}")
+
+
+def check_head_dims(q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """``q [*, Hq, D]`` against ``k_cache [*, *, Hkv, D]``: same ``D >= 1``, ``Hq`` a multiple of ``Hkv >= 1``."""
+    hq, d = q.shape[1:]
+    hkv, dk = k_cache.shape[2:]
+    if d < 1:
+        raise ValueError(f"q head_dim must be >= 1, got shape {tuple(q.shape)}")
+    if dk != d:
+        raise ValueError(f"k_cache head_dim must equal q head_dim {d}, got {dk}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache kv heads ({hkv}) for GQA")
+
+
+def check_plan_args(page_table: object, cu_seqlens_q: object, lens: object, lens_name: str, page_size: object,
+                    num_q_heads: object) -> None:
+    """The arguments of the attention ops' ``plan_*`` functions (the op's request layout, without queries or cache)."""
+    device = page_table.device if isinstance(page_table, torch.Tensor) else None
+    check_paged_requests(lens_name, lens, page_table, cu_seqlens_q, None, page_size, None, device)
+    if not isinstance(num_q_heads, int) or isinstance(num_q_heads, bool) or num_q_heads < 1:
+        raise ValueError(f"num_q_heads must be an int >= 1, got {num_q_heads!r}")
+
+
+def check_scaled_logits_finite(name: str, logits: torch.Tensor, row_temperature: torch.Tensor) -> None:
+    """Each row ``logits[i]`` (finite) sampled at a temperature ``row_temperature[i] > 0`` must stay finite divided by
+    it, the sampling ops' first step: a tiny temperature overflows float32 and the softmax would be NaN."""
+    if not logits.numel():
+        return
+    peak = logits.detach().abs().amax(dim=1).float()
+    t = row_temperature
+    bad = (t > 0) & ~torch.isfinite(peak / torch.where(t > 0, t, torch.ones_like(t)))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(f"temperature {float(t[i]):.3g} is too small for {name} row {i} (largest |logit| "
+                         f"{float(peak[i]):.3g}): logits / temperature overflows float32; use a larger temperature, "
+                         f"or 0 for greedy")

@@ -27,7 +27,16 @@ from ..reference.draft_block_attention import draft_block_attention_ref
 from ..reference.draft_block_attention import plan_draft_block_attention as _plan_ref
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
+from ._layout import unit_inner_stride
+from ._validate import (
+    FLOAT_DTYPES,
+    check_attention_call,
+    check_head_dims,
+    check_paged_requests,
+    check_plan_args,
+    check_shape,
+    check_tensor,
+)
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton", "plan_draft_block_attention"]
 
@@ -118,6 +127,8 @@ def draft_block_attention_triton(
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
     cfg = launch_config("draft_block_attention", _DEFAULTS, q.device)
+    q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens = map(
+        unit_inner_stride, (q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens))
     grid = (n_req, hkv, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"]))
     _draft_block_attention_kernel[grid](
         q, k_block, v_block, k_cache, v_cache, out, page_table, cu_seqlens_q, ctx_lens,
@@ -144,35 +155,25 @@ def draft_block_attention_triton(
     return out
 
 
-def _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens) -> None:
+def _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, sm_scale, max_seqlen_q,
+              plan) -> None:
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     dev = q.device
     for name, t in (("k_block", k_block), ("v_block", v_block), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, t, dtypes=(q.dtype,), device=dev)
     check_tensor("k_cache", k_cache, ndim=4)
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    total_q, hq, d = q.shape
-    _, page_size, hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"k_cache head_dim must equal q head_dim {d}, got {dk}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache kv heads ({hkv}) for GQA")
+    check_head_dims(q, k_cache)
+    total_q, _, d = q.shape
+    hkv = k_cache.shape[2]
     check_shape("k_block", k_block, (total_q, hkv, d))
     check_shape("v_block", v_block, (total_q, hkv, d))
-    check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=dev)
-    check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=INDEX_DTYPES, device=dev)
-    check_tensor("ctx_lens", ctx_lens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
-    r = ctx_lens.shape[0]
-    check_shape("cu_seqlens_q", cu_seqlens_q, (r + 1,))
-    check_shape("page_table", page_table, (r, None))
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)
-    lens = ctx_lens.detach().to("cpu", torch.int64)
-    if bool((lens < 0).any()):
-        raise ValueError(f"ctx_lens must be >= 0, got {lens.tolist()}")
-    if r and int(lens.max()) > page_table.shape[1] * page_size:
-        raise ValueError(
-            f"ctx_lens (max {int(lens.max())}) exceeds page_table capacity {page_table.shape[1]} pages x {page_size}"
-        )
+    cu, lens = check_paged_requests("ctx_lens", ctx_lens, page_table, cu_seqlens_q, total_q, k_cache.shape[1],
+                                    k_cache.shape[0], dev)
+    q_lens = cu[1:] - cu[:-1]
+    check_attention_call(sm_scale, max_seqlen_q, q_lens)
+    if plan is not None:
+        plan.check_made_for(q_lens.tolist(), lens.tolist(), page_table)
 
 
 def draft_block_attention(
@@ -195,7 +196,8 @@ def draft_block_attention(
     :func:`plan_draft_block_attention` for the same page table, offsets and lengths (every draft layer shares one);
     the reference path reuses its index work, the Triton kernel needs none. Inputs are never modified."""
     if check_inputs:
-        _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens)
+        _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, sm_scale, max_seqlen_q,
+                  plan)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
     args = (q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, scale)
     if resolve_impl(impl, q.device) == "triton":
@@ -204,10 +206,13 @@ def draft_block_attention(
 
 
 def plan_draft_block_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, ctx_lens: torch.Tensor,
-                               page_size: int, num_q_heads: int, *, impl: str | None = None) -> AttentionPlan | None:
+                               page_size: int, num_q_heads: int, *, impl: str | None = None,
+                               check_inputs: bool = True) -> AttentionPlan | None:
     """Plan once, run per layer: the reference path's index work for these lengths, to pass as
     ``draft_block_attention(..., plan=)`` to every draft layer; ``None`` when ``impl`` resolves to the Triton kernel,
-    which plans nothing. Reads the lengths on the host."""
+    which plans nothing. Reads the lengths on the host. ``check_inputs=False`` skips the checks of the arguments."""
+    if check_inputs:
+        check_plan_args(page_table, cu_seqlens_q, ctx_lens, "ctx_lens", page_size, num_q_heads)
     if resolve_impl(impl, page_table.device) == "triton":
         return None
     return _plan_ref(page_table, cu_seqlens_q, ctx_lens, page_size, num_q_heads)

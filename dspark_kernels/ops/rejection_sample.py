@@ -57,6 +57,7 @@ from ._validate import (
     check_finite,
     check_range,
     check_sampling_params,
+    check_scaled_logits_finite,
     check_shape,
     check_tensor,
 )
@@ -307,6 +308,7 @@ def _validate(
         check_finite("draft_probs", draft_probs)
         check_range("draft_probs", draft_probs, draft_probs >= 0, "non-negative")
     check_sampling_params(temperature, top_k, top_p, r, dev)
+    check_scaled_logits_finite("target_logits", target_logits, temperature.repeat_interleave((lens + 1).to(dev)))
     needs_uniforms = bool((temperature > 0).any())
     for name, u, size in (("accept_uniforms", accept_uniforms, n), ("sample_uniforms", sample_uniforms, n + r)):
         if u is None:

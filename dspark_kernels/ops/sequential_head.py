@@ -48,6 +48,7 @@ from ._validate import (
     check_finite,
     check_range,
     check_sampling_params,
+    check_scaled_logits_finite,
     check_shape,
     check_tensor,
 )
@@ -322,6 +323,9 @@ def _validate_weights(weights: SequentialHeadWeights, v: int, d: int, dev: torch
     if weights.conf_w is not None:
         _check_weight("conf_w", weights.conf_w, (d + rank,), "(d + r,) with d = hidden size", dev)
         _check_weight("conf_b", weights.conf_b, (), "() (a scalar tensor)", dev)
+    for name in ("w1", "w2", "gate_w", "gate_b", "rnn_w", "rnn_b", "conf_w", "conf_b"):
+        if getattr(weights, name) is not None:
+            check_finite(f"weights.{name}", getattr(weights, name))
 
 
 def _validate(
@@ -342,7 +346,10 @@ def _validate(
     check_range("anchor_tokens", anchor_tokens, (anchor_tokens >= 0) & (anchor_tokens < v), f"in [0, {v})")
     _validate_weights(weights, v, hidden.shape[1], dev)
     check_finite("base_logits", base_logits)
+    check_finite("hidden", hidden)
     check_sampling_params(temperature, top_k, top_p, r, dev)
+    lens = cu_num_draft_tokens[1:] - cu_num_draft_tokens[:-1]
+    check_scaled_logits_finite("base_logits", base_logits, temperature.repeat_interleave(lens))
     if uniforms is None:
         if bool((temperature > 0).any()):
             raise ValueError("uniforms is required when any request has temperature > 0")

@@ -42,6 +42,7 @@ from ..reference.survival import (
     slot_maps,
 )
 from ._dispatch import resolve_impl
+from ._layout import unit_inner_stride
 from ._validate import INDEX_DTYPES, check_cu_seqlens, check_finite, check_shape, check_tensor
 
 __all__ = [
@@ -139,7 +140,7 @@ def prefix_survival_triton(
         return out
     temps = position_temperatures if position_temperatures is not None else out
     _prefix_survival_kernel[(r,)](
-        conf_logits.contiguous(), cu_num_draft_tokens, temps, out,
+        conf_logits.contiguous(), unit_inner_stride(cu_num_draft_tokens), unit_inner_stride(temps), out,
         HAS_TEMPS=position_temperatures is not None, BLOCK=_SLOT_BLOCK,
     )
     return out
@@ -288,10 +289,10 @@ def select_verify_lengths_alg1(
     The early stop is what keeps decoding lossless (App. A): whether slot (r, j) is admitted depends only on
     candidates ranked before it, never on a[r, j+1] (which depends on the sampled token x[r, j]).
     """
-    r = cu_num_draft_tokens.numel() - 1
     if check_inputs:
         _validate_survival("survival", survival, cu_num_draft_tokens)
-        _validate_sps_table(sps_table, r, survival.device)
+        _validate_sps_table(sps_table, cu_num_draft_tokens.numel() - 1, survival.device)
+    r = cu_num_draft_tokens.numel() - 1
     if r == 0:
         return torch.zeros(0, dtype=torch.int32, device=survival.device)
     if resolve_impl(impl, survival.device) == "triton":
@@ -343,10 +344,10 @@ def capacity_unconstrained(
     distribution. A global search on the live confidences would let x[r, j] (through a[r, j+1]) decide whether
     x[r, j] is verified, which biases the output (App. A).
     """
-    r = cu_stale.numel() - 1
     if check_inputs:
         _validate_survival("survival_stale", survival_stale, cu_stale)
-        _validate_sps_table(sps_table, r, survival_stale.device)
+        _validate_sps_table(sps_table, cu_stale.numel() - 1, survival_stale.device)
+    r = cu_stale.numel() - 1
     if r == 0:
         return torch.zeros(1, dtype=torch.int64, device=survival_stale.device)
     if resolve_impl(impl, survival_stale.device) == "triton":

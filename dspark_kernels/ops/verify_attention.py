@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
-from ..reference._paged_attention import AttentionPlan
+from ..reference._paged_attention import AttentionPlan, PlannedCall
 from ..reference.batch_invariant_attention import (
     BatchInvariantPlan,
     batch_invariant_attention,
@@ -34,38 +34,35 @@ from ..reference.verify_attention import plan_verify_attention as _plan_ref
 from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
+from ._layout import unit_inner_stride
+from ._validate import (
+    FLOAT_DTYPES,
+    check_attention_call,
+    check_head_dims,
+    check_paged_requests,
+    check_plan_args,
+    check_shape,
+    check_tensor,
+)
 
 __all__ = ["PINNED_LAUNCH", "PinnedLaunch", "plan_verify_attention", "verify_attention", "verify_attention_triton"]
 
 
-def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens) -> None:
+def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, sm_scale, max_seqlen_q, plan) -> None:
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     dev = q.device
     check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
     check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
     check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=dev)
-    check_tensor("cu_seqlens_q", cu_seqlens_q, dtypes=INDEX_DTYPES, device=dev)
-    check_tensor("seq_lens", seq_lens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
-    total_q, hq, d = q.shape
-    num_pages, page_size, hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"k_cache head_dim must equal q head_dim {d}, got {dk}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"q heads ({hq}) must be a multiple of k_cache kv heads ({hkv}) for GQA")
-    r = seq_lens.shape[0]
-    check_shape("cu_seqlens_q", cu_seqlens_q, (r + 1,))
-    check_shape("page_table", page_table, (r, None))
-    cu = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)
-    lens = seq_lens.detach().to("cpu", torch.int64)
+    check_head_dims(q, k_cache)
+    cu, lens = check_paged_requests("seq_lens", seq_lens, page_table, cu_seqlens_q, q.shape[0], k_cache.shape[1],
+                                    k_cache.shape[0], dev)
     q_lens = cu[1:] - cu[:-1]
     if bool((lens < q_lens).any()):
         raise ValueError(f"seq_lens must be >= each request's query length {q_lens.tolist()}, got {lens.tolist()}")
-    if r and int(lens.max()) > page_table.shape[1] * page_size:
-        raise ValueError(
-            f"seq_lens (max {int(lens.max())}) exceeds page_table capacity {page_table.shape[1]} pages x {page_size}"
-        )
+    check_attention_call(sm_scale, max_seqlen_q, q_lens)
+    if isinstance(plan, PlannedCall):
+        plan.check_made_for(q_lens.tolist(), lens.tolist(), page_table)
 
 
 def verify_attention(
@@ -91,7 +88,7 @@ def verify_attention(
     batch-invariant computation of its path. Inputs are never modified.
     """
     if check_inputs:
-        _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens)
+        _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, sm_scale, max_seqlen_q, plan)
     scale = float(sm_scale) if sm_scale is not None else q.shape[-1] ** -0.5
     if isinstance(plan, BatchInvariantPlan):
         return batch_invariant_attention(q, k_cache, v_cache, plan, scale)
@@ -102,8 +99,8 @@ def verify_attention(
 
 
 def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                          page_size: int, num_q_heads: int, *, impl: str | None = None,
-                          batch_invariant: bool = False) -> AttentionPlan | BatchInvariantPlan | PinnedLaunch | None:
+                          page_size: int, num_q_heads: int, *, impl: str | None = None, batch_invariant: bool = False,
+                          check_inputs: bool = True) -> AttentionPlan | BatchInvariantPlan | PinnedLaunch | None:
     """Plan once, run per layer: the reference path's index work (cache slots to gather, padding, causal mask) for
     these lengths, to pass as ``verify_attention(..., plan=)`` to every call that shares them; ``None`` when ``impl``
     resolves to the Triton kernel, which plans nothing. Reads the lengths on the host.
@@ -111,7 +108,10 @@ def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, 
     ``batch_invariant``: output rows that do not depend on how many query rows or requests share the call (a decode
     step and a verify forward give a token the same bits); the calls given this plan run that way. On the reference
     path it plans :mod:`reference.batch_invariant_attention`; for the Triton kernel it returns
-    :data:`PINNED_LAUNCH`, which launches every call with one fixed config (see :func:`verify_attention_triton`)."""
+    :data:`PINNED_LAUNCH`, which launches every call with one fixed config (see :func:`verify_attention_triton`).
+    ``check_inputs=False`` skips the checks of the arguments (a forward that has validated its batch already)."""
+    if check_inputs:
+        check_plan_args(page_table, cu_seqlens_q, seq_lens, "seq_lens", page_size, num_q_heads)
     triton_path = resolve_impl(impl, page_table.device) == "triton"
     if batch_invariant:
         if triton_path:
@@ -241,7 +241,8 @@ def verify_attention_triton(
         if block_m % group:
             raise ValueError(f"a batch-invariant launch needs a power-of-two GQA group, got {group}")
         rows += block_m - group
-    q = q.contiguous() if q.stride(-1) != 1 else q
+    q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens = map(
+        unit_inner_stride, (q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens))
     grid = (n_req, hkv, triton.cdiv(rows, block_m))
     _verify_attention_kernel[grid](
         q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
