@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -104,18 +105,25 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.max_new_tokens < 1:
+        p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
     try:
         args.gamma = cli_gamma(args.gamma, args.draft_length)
     except ValueError as e:
         p.error(str(e))
 
     t_load = time.perf_counter()
-    target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
-    tokenizer = load_tokenizer(args.model)
-    methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.drafter_gemm_dtype)}
-    if args.baseline_drafter.exists():
-        methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.drafter_gemm_dtype)
-    prompts = {"custom": [args.prompt]} if args.prompt else PROMPTS
+    try:
+        target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
+        tokenizer = load_tokenizer(args.model)
+        methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.drafter_gemm_dtype)}
+        if args.baseline_drafter.exists():
+            methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.drafter_gemm_dtype)
+    except (OSError, ValueError) as e:  # missing or malformed checkpoints (CheckpointError is a ValueError)
+        p.error(f"cannot load the models: {e}")
+    prompts = {"custom": [args.prompt]} if args.prompt is not None else PROMPTS
     print(f"loaded target + {len(methods)} drafter(s) in {time.perf_counter() - t_load:.1f}s; "
           f"{args.draft_length} draft length (gamma {'<= ' if args.draft_length == 'adaptive' else ''}{args.gamma}), "
           f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "

@@ -1,7 +1,8 @@
 """Per-request sampling parameters of a batch and the next token of each row of logits, shared by plain generation
 (:func:`dspark_kernels.models.generate`) and the speculative loops (:mod:`dspark_kernels.engine`).
 
-* :func:`check_sampling`: one request's temperature / top-k / top-p, or a clear error;
+* :func:`check_sampling`: one request's temperature / top-k / top-p, or a clear error (:func:`as_int` and
+  :func:`as_real` convert without rounding a float into an int or taking a bool for a number);
 * :class:`Sampling`: the parameters, seeds and noise offsets of ``R`` requests as device tensors ``[R]``;
 * :class:`PromptSampling`: the parameters and seeds of a decode call's prompts (scalars or one per prompt, checked),
   from which each step's :class:`Sampling` of the live prompts is made;
@@ -12,7 +13,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import numbers
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,13 +24,36 @@ from .ops import rejection_sample
 from .ops.rejection_sample import rejection_noise
 from .reference._sampling import argmax_rows
 
-__all__ = ["PromptSampling", "Sampling", "check_sampling", "next_tokens", "per_request"]
+__all__ = ["PromptSampling", "Sampling", "as_int", "as_real", "check_sampling", "next_tokens", "per_request"]
+
+
+INT32_MAX = 2**31 - 1
+
+
+def as_int(name: str, value: object, low: int = 0, high: int = 2**63 - 1) -> int:
+    """``value`` as an int in ``[low, high]``: an integer (Python or numpy, not a bool), never a float rounded off."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {int(value)}")
+    return int(value)
+
+
+def as_real(name: str, value: object) -> float:
+    """``value`` as a float: a real number (Python or numpy, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    return float(value)
 
 
 def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """``ValueError`` unless ``temperature >= 0``, ``top_k >= 0`` and ``0 < top_p <= 1``."""
-    if not (temperature >= 0 and top_k >= 0 and 0 < top_p <= 1):
-        raise ValueError(f"need temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, {top_p}")
+    """``ValueError`` unless ``temperature`` is finite and ``>= 0``, ``0 <= top_k <= 2**31 - 1`` and
+    ``0 < top_p <= 1``; ``TypeError`` for a bool, a non-number or a fractional ``top_k``."""
+    temperature, top_p = as_real("temperature", temperature), as_real("top_p", top_p)
+    as_int("top_k", top_k, 0, INT32_MAX)
+    if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
+        raise ValueError(f"need a finite temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, "
+                         f"{top_p}")
 
 
 @dataclass
@@ -55,10 +81,13 @@ class Sampling:
 
 
 def per_request(name: str, value, n: int, cast) -> list:
-    """``value`` as a list of ``n`` entries cast by ``cast``: a scalar repeated, or one entry per prompt (checked)."""
-    if isinstance(value, (int, float)):
-        return [cast(value)] * n
-    vals = [cast(v) for v in value]
+    """``value`` as a list of ``n`` entries converted by ``cast(name, entry)`` (:func:`as_int`, :func:`as_real`):
+    a scalar repeated, or one entry per prompt (checked)."""
+    if isinstance(value, numbers.Number):
+        return [cast(name, value)] * n
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(f"{name} must be a number or one number per prompt, got {type(value).__name__}")
+    vals = [cast(name, v) for v in value]
     if len(vals) != n:
         raise ValueError(f"{name} must be a scalar or have one entry per prompt ({n}), got {len(vals)}")
     return vals
@@ -71,13 +100,13 @@ class PromptSampling:
 
     def __init__(self, temperature: float | Sequence[float], top_k: int | Sequence[int], top_p: float | Sequence[float],
                  seeds: Sequence[int] | None, n: int) -> None:
-        self.temperature = per_request("temperature", temperature, n, float)
-        self.top_k = per_request("top_k", top_k, n, int)
-        self.top_p = per_request("top_p", top_p, n, float)
+        self.temperature = per_request("temperature", temperature, n, as_real)
+        self.top_k = per_request("top_k", top_k, n, as_int)
+        self.top_p = per_request("top_p", top_p, n, as_real)
         for t, k, p in zip(self.temperature, self.top_k, self.top_p):
             check_sampling(t, k, p)
-        self.seeds = torch.randint(0, 2**31 - 1, (n,)).tolist() if seeds is None else per_request("seeds", seeds, n,
-                                                                                                   int)
+        self.seeds = torch.randint(0, INT32_MAX, (n,)).tolist() if seeds is None else per_request("seeds", seeds, n,
+                                                                                                   as_int)
         self.greedy = all(t == 0 for t in self.temperature)
 
     def of(self, prompts: Sequence[int], offsets: Sequence[int], device: torch.device) -> Sampling:

@@ -32,3 +32,14 @@ def test_merge_rejects_different_settings(tmp_path):
     b = _run(tmp_path / "b.json", "eagle", [1.5, 2.5], settings={"num_prompts": 3})
     with pytest.raises(ValueError, match="settings"):
         acceptance.merge([a, b])
+
+
+@pytest.mark.parametrize("argv", [["--num-prompts", "0"], ["--max-new-tokens", "0"], ["--prompt-len", "-3"],
+                                  ["--domains", "bogus"]])
+def test_bad_options_are_usage_errors(argv, monkeypatch, capsys):
+    from dspark_kernels.bench import __main__ as bench_main
+
+    monkeypatch.setattr("sys.argv", ["bench", "acceptance", *argv])
+    with pytest.raises(SystemExit):
+        bench_main.main()
+    assert "error: argument" in capsys.readouterr().err

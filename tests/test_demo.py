@@ -72,6 +72,24 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
         demo.main(["--prompt", "x", "--gamma", "1"])  # adaptive needs two lengths to fit its costs
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
+    (["--model", "/nonexistent"], "cannot load the models"),
+])
+def test_demo_bad_options_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--prompt", "x", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_demo_empty_prompt_decodes_from_bos_alone(tmp_path):
+    """``--prompt ""`` is a prompt (the BOS token alone), not a request for the built-in prompts."""
+    out = demo.main(["--prompt", "", "--max-new-tokens", "4", "--repeats", "1", "--draft-length", "fixed"])
+    assert out["settings"]["prompts"] == 1
+
+
 def test_demo_reports_every_prompt_alone_and_they_add_up(tmp_path):
     out = tmp_path / "demo.json"
     demo.main(["--max-new-tokens", "6", "--repeats", "1", "--json", str(out)])

@@ -27,7 +27,7 @@ from ..models import load_model
 from ..models.drafter_api import load_drafter
 from ..train.corpus import read_split
 from ..train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
-from . import ASSETS, DRAFTERS, device_record
+from . import ASSETS, DRAFTERS, device_record, positive_int
 
 DOMAIN_SPLITS = {"code": "test", "prose": "test", "heldout": "test"}
 
@@ -124,12 +124,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--domains", nargs="+", default=list(DOMAIN_SPLITS))
+    p.add_argument("--domains", nargs="+", choices=list(DOMAIN_SPLITS), default=list(DOMAIN_SPLITS))
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--gammas", type=int, nargs="+", default=[7, 15])
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--num-prompts", type=positive_int, default=16)
+    p.add_argument("--prompt-len", type=positive_int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=Path("results/acceptance.json"))
     p.add_argument("--merge", type=Path, nargs="+", default=None,

@@ -40,7 +40,7 @@ from ..models import generate, load_model
 from ..models.drafter_api import load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
-from . import ASSETS, device_record
+from . import ASSETS, device_record, non_negative_int
 
 
 def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
@@ -155,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
     p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive")
-    p.add_argument("--prompt-lookup-tokens", type=int, default=10, help="0 skips prompt-lookup decoding")
+    p.add_argument("--prompt-lookup-tokens", type=non_negative_int, default=10, help="0 skips prompt-lookup decoding")
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="our methods' linear-layer weight dtype (transformers runs in float32)")

@@ -66,7 +66,7 @@ from ..models import load_model
 from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.calibration import load_mean_survival, load_temperatures
-from . import ASSETS, device_record
+from . import ASSETS, device_record, positive_float, positive_int
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
 REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -397,22 +397,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
     p.add_argument("--gamma", type=int, default=7)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=positive_int, default=64)
     p.add_argument("--length-range", type=float, default=0.5,
                    help="live: each request's cap on new tokens is drawn from [1 - x, 1 + x] x --max-new-tokens "
                         "(seeded; the same draws for every policy), so requests do not start and finish in lockstep "
                         "as they never do in serving; 0: every request gets exactly --max-new-tokens")
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--prompt-len", type=positive_int, default=64)
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domain", default="prose")
     p.add_argument("--requests-per-level", type=int, default=8, help="live: requests = this x concurrency")
     p.add_argument("--min-requests", type=int, default=4, help="live: at least this many requests per point")
     p.add_argument("--repeats", type=int, default=3,
                    help="live: runs per point, round-robin over the policies; the point is the median run")
-    p.add_argument("--trace-prompts", type=int, default=32, help="replay: prompts decoded to record traces")
+    p.add_argument("--trace-prompts", type=positive_int, default=32, help="replay: prompts decoded to record traces")
     p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
     p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
-    p.add_argument("--speeds", type=float, nargs="+", default=None, help="per-user speeds for read-out (a)")
+    p.add_argument("--speeds", type=positive_float, nargs="+", default=None, help="per-user speeds for read-out (a)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="live: linear-layer weight dtype of target and drafter (bfloat16: weight-only bf16 GEMMs)")

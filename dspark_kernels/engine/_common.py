@@ -18,7 +18,7 @@ output does not depend on what it is batched with (given its own verify lengths)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -29,6 +29,7 @@ from ..models.drafter_api import DraftContext, Drafter, DraftOutput
 from ..noise import uniform_noise
 from ..ops import rejection_sample
 from ..ops.rejection_sample import rejection_noise
+from ..request_checks import check_step_logits
 from ..sampling import Sampling, next_tokens
 
 DRAFT_NOISE_STREAM = 7
@@ -53,6 +54,7 @@ def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, 
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(dev, torch.int32)
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
     fwd = target(ids, cu, list(rids), tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
+    check_step_logits(fwd.logits, rids)
     kept = (ids, features_of(fwd.hidden_states, layers), cu)
     if defer is None:
         drafter.extend(dstate, list(rids), *kept)
@@ -158,6 +160,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     cu_d_t = torch.tensor(cu_d, dtype=torch.int32, device=dev)
     layers = tuple(drafter.feature_layers)
     fwd = target(tokens, cu_v, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
+    check_step_logits(fwd.logits, rids, [n + 1 for n in lens])
     probs = None
     acc_u = smp_u = None
     if not sampling.greedy:
@@ -194,16 +197,20 @@ def plain_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anch
     layers = tuple(drafter.feature_layers)
     cu = torch.arange(r + 1, dtype=torch.int32, device=dev)
     fwd = target(anchors, cu, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
+    check_step_logits(fwd.logits, rids)
     tokens = next_tokens(fwd.logits, sampling, impl)
     kept = (anchors, features_of(fwd.hidden_states, layers), cu)
     return RoundOutput(torch.zeros(r, dtype=torch.int32, device=dev), [0] * r, [[t] for t in tokens], kept)
 
 
-def finish_reason(tokens: list[int], max_new_tokens: int, eos_token_id: int | None) -> str | None:
-    """Truncate ``tokens`` in place at the length cap and after the first EOS; return "eos", "length" or None
-    (still running)."""
+def finish_reason(tokens: list[int], max_new_tokens: int, eos: int | Collection[int] | None) -> str | None:
+    """Truncate ``tokens`` in place at the length cap and after the first stop token (``eos``: one id, a collection
+    of ids such as :func:`~dspark_kernels.request_checks.stop_tokens` gives, or ``None``); return "eos", "length" or
+    None (still running)."""
     del tokens[max_new_tokens:]
-    if eos_token_id is not None and eos_token_id in tokens:
-        del tokens[tokens.index(eos_token_id) + 1:]
+    stops = () if eos is None else (eos,) if isinstance(eos, int) else eos
+    stop = next((i for i, t in enumerate(tokens) if t in stops), None) if stops else None
+    if stop is not None:
+        del tokens[stop + 1:]
         return "eos"
     return "length" if len(tokens) >= max_new_tokens else None

@@ -38,8 +38,9 @@ import numpy as np
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter
-from ..sampling import Sampling, check_sampling
+from ..models.drafter_api import Drafter, check_gamma
+from ..request_checks import check_prompts, stop_tokens
+from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .policies import Policy
 
@@ -61,7 +62,7 @@ class Request:
     top_k: int
     top_p: float
     seed: int
-    eos: int | None
+    eos: frozenset[int]
     tokens: list[int] = field(default_factory=list)
     rounds: int = 0
     reason: str | None = None
@@ -132,13 +133,21 @@ class Engine:
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
                  draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None) -> None:
-        if not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+        check_gamma(drafter, gamma)
         if policy.replay_only:
             raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        from .sps import SPSProfile  # at call time: importing the package must not import sps (see above)
+
+        if not isinstance(sps_profile, SPSProfile):
+            raise TypeError(f"sps_profile must be an SPSProfile (engine.sps.load_profile), got "
+                            f"{type(sps_profile).__name__}")
+        positions = target.config.max_position_embeddings
+        if positions is not None and max_seq_len > positions + gamma + 1:
+            raise ValueError(f"max_seq_len ({max_seq_len}) exceeds the target's max_position_embeddings ({positions}) "
+                             f"+ gamma + 1 = {positions + gamma + 1}")
         policy.bind(sps_profile, gamma, max_batch, draft_profile)
         self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
         self.max_batch, self.max_seq_len, self.impl, self.clock = max_batch, max_seq_len, impl, clock
@@ -156,23 +165,24 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, seed: int | None = None, eos: int | None = None) -> int:
-        """Queue a request (prefilled at the next step with room); returns its id."""
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise ValueError("the prompt must hold at least one token")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+                    top_p: float = 1.0, seed: int | None = None, eos: int | Sequence[int] | None = None) -> int:
+        """Queue a request (prefilled at the next step with room); returns its id. ``eos``: a stop token id, or
+        several (e.g. ``target.config.eos_token_ids``)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        cfg = self.target.config
+        prompt = check_prompts([prompt], cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)[0]
+        stop = stop_tokens(eos, cfg.vocab_size)
         check_sampling(temperature, top_k, top_p)
+        seed = int(torch.randint(0, INT32_MAX, ()).item()) if seed is None else as_int("seed", seed, -2**63)
         need = len(prompt) + max_new_tokens + self.gamma + 1
         if need > self.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + gamma + 1 = {need} "
                              f"exceeds max_seq_len = {self.max_seq_len}")
         rid = self._next_id
         self._next_id += 1
-        seed = int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else int(seed)
         self.requests[rid] = Request(rid, prompt, max_new_tokens, float(temperature), int(top_k), float(top_p),
-                                     seed, eos)
+                                     seed, stop)
         self.pending.append(rid)
         self._metrics.ensure(rid)
         return rid
@@ -298,7 +308,7 @@ class Engine:
 def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrency: int,
                     max_new_tokens: int | Sequence[int],
                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                    seeds: Sequence[int] | None = None, eos: int | None = None) -> dict:
+                    seeds: Sequence[int] | None = None, eos: int | Sequence[int] | None = None) -> dict:
     """Closed-loop load: keep ``concurrency`` requests in flight (a finished one is replaced by the next prompt at
     once) until every prompt is done; ``max_new_tokens``: one cap for all, or one per prompt. Returns the engine's
     :meth:`Engine.metrics` plus ``elapsed_s``,
@@ -307,6 +317,8 @@ def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrenc
     if not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
         raise ValueError(f"concurrency must be an int in [1, max_batch = {engine.max_batch}], got {concurrency!r}")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError(f"seeds: one per prompt ({len(prompts)}), got {len(seeds)}")
     caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     if len(caps) != len(prompts):
         raise ValueError(f"max_new_tokens: one cap or one per prompt ({len(prompts)}), got {len(caps)}")

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter
+from ..models.drafter_api import Drafter, check_gamma
+from ..request_checks import check_decode_args, check_prompts, stop_tokens
 from ..sampling import PromptSampling, Sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .draft_length import AdaptiveDraftLength
@@ -100,7 +101,7 @@ def speculative_generate(
     top_k: int | Sequence[int] = 0,
     top_p: float | Sequence[float] = 1.0,
     seeds: Sequence[int] | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     page_size: int = 16,
     impl: str | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
@@ -114,17 +115,15 @@ def speculative_generate(
     ``extra["trace_request"] [rounds]``): the data for calibration and for replaying scheduling policies (fixed
     draft length only). ``draft_length``: an :class:`~.draft_length.AdaptiveDraftLength` (``gamma`` is then the most
     a request drafts in a round); it is reset for this call."""
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    check_decode_args(max_new_tokens, page_size)
+    check_gamma(drafter, gamma)
     if draft_length is not None and not isinstance(draft_length, AdaptiveDraftLength):
         raise TypeError(f"draft_length must be an AdaptiveDraftLength or None, got {type(draft_length).__name__}")
     if draft_length is not None and record_traces:
         raise ValueError("record_traces needs a fixed draft length (draft_length=None): traces are [rounds, gamma]")
-    prompts = [list(p) for p in prompts]
-    if any(not p for p in prompts):
-        raise ValueError("every prompt must hold at least one token")
+    cfg = target.config
+    prompts = check_prompts(prompts, cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)
+    eos = stop_tokens(eos_token_id, cfg.vocab_size)
     n, dev = len(prompts), target.device
     params = PromptSampling(temperature, top_k, top_p, seeds, n)
 
@@ -159,7 +158,7 @@ def speculative_generate(
         anchors[i] = tok
         rounds[i] = 1
     steps, n_rounds, draft_s, verify_s = 1, 0, 0.0, 0.0
-    live = _stream(live, [0] * n, out, on_tokens, _still_live(live, out, reasons, eos_token_id, max_new_tokens,
+    live = _stream(live, [0] * n, out, on_tokens, _still_live(live, out, reasons, eos, max_new_tokens,
                                                                tcache, drafter, dstate, pending))
     traces: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
@@ -196,7 +195,7 @@ def speculative_generate(
         _sync(dev)
         verify_s += time.perf_counter() - tv
         live = _stream(live, before, out, on_tokens,
-                       _still_live(live, out, reasons, eos_token_id, max_new_tokens, tcache, drafter, dstate, pending))
+                       _still_live(live, out, reasons, eos, max_new_tokens, tcache, drafter, dstate, pending))
 
     _sync(dev)
     extra = {}

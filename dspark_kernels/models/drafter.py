@@ -168,6 +168,11 @@ class BlockDrafter(nn.Module):
     def feature_layers(self) -> tuple[int, ...]:
         return self.config.feature_layers
 
+    @property
+    def max_gamma(self) -> int:
+        """The largest block a pass drafts (its block attention's limit)."""
+        return MAX_GAMMA
+
     def new_state(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
         return self.new_cache(num_pages, page_size)
 
@@ -186,12 +191,13 @@ class BlockDrafter(nn.Module):
               temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
         """Backbone pass (taking ``context`` into the cache in the same pass), then the sequential head op left to
-        right over each block."""
+        right over each block. A drafter trained without a confidence head (DFlash) returns no confidence logits
+        (``None``), so a policy that schedules on confidences refuses it instead of reading constant zeros."""
         prop = self.propose(state, rids, anchors, gamma, impl=impl, context=context)
         with torch.inference_mode():
             res = sequential_head(prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu, self.head.weights(),
                                   temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
-        return DraftOutput(res.tokens, res.draft_probs, res.confidence_logits)
+        return DraftOutput(res.tokens, res.draft_probs, res.confidence_logits if self.config.confidence else None)
 
     def new_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
         c = self.layer_config

@@ -40,7 +40,8 @@ class Drafter(Protocol):
     with per-request sampling parameters ``[R]`` and one uniform per drafted token (None when all greedy). Its
     ``context`` (a :data:`DraftContext` aligned with ``rids``) holds committed tokens not yet given to ``extend``:
     drafting with it is the same as ``extend(state, rids, *context)`` first, and a drafter may do both in one pass
-    (the block drafter does; the decode loops hand every round's kept tokens over this way).
+    (the block drafter does; the decode loops hand every round's kept tokens over this way). A drafter whose
+    blocks have a largest size says so with an optional ``max_gamma`` attribute (see :func:`check_gamma`).
     """
 
     feature_layers: tuple[int, ...]
@@ -57,6 +58,17 @@ class Drafter(Protocol):
     def draft(self, state, rids: Sequence, anchors: torch.Tensor, gamma: int, temperature: torch.Tensor,
               top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None, context: DraftContext | None = None) -> DraftOutput: ...
+
+
+def check_gamma(drafter: object, gamma: object) -> None:
+    """``gamma`` (the most drafts a round asks for) an int >= 1 and within the drafter's ``max_gamma`` when it has
+    one, checked before decoding starts (an adaptive length may reach ``gamma`` only after some rounds)."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    most = getattr(drafter, "max_gamma", None)
+    if most is not None and gamma > most:
+        raise ValueError(f"gamma must be <= {most} for this drafter ({type(drafter).__name__} drafts at most {most} "
+                         f"tokens per round), got {gamma}")
 
 
 class NullDrafter:

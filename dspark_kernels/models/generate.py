@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..reference._sampling import argmax_rows
+from ..request_checks import check_decode_args, check_prompts, check_step_logits, stop_tokens
 from ..sampling import PromptSampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
@@ -77,24 +78,22 @@ def generate(
 
     Args:
         model: target model.
-        prompts: token-id lists (each non-empty).
+        prompts: token-id lists (each non-empty, ids in the vocabulary; prompt + ``max_new_tokens`` within the
+            model's ``max_position_embeddings``).
         max_new_tokens: per-request cap on new tokens.
         temperature, top_k, top_p: scalars or one value per prompt (0 / 0 / 1 = off); temperature 0 is greedy.
         seeds: one int per prompt for reproducible sampling (``None``: drawn from torch's global RNG).
-        eos_token_id: stop token id(s); ``None`` never stops early.
+        eos_token_id: stop token id, or several (e.g. ``model.config.eos_token_ids``); ``None`` never stops early.
         page_size: KV-cache page size (the cache is sized for every prompt plus ``max_new_tokens``).
         impl: kernel implementation for attention / sampling (``None``: by device).
     Returns:
         :class:`GenerateResult`.
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    prompts = [list(p) for p in prompts]
+    check_decode_args(max_new_tokens, page_size)
+    cfg = model.config
+    prompts = check_prompts(prompts, cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)
     n = len(prompts)
-    for i, p in enumerate(prompts):
-        if not p:
-            raise ValueError(f"prompt {i} is empty")
-    eos = set() if eos_token_id is None else ({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+    eos = stop_tokens(eos_token_id, cfg.vocab_size)
     dev = model.device
     sampler = PromptSampling(temperature, top_k, top_p, seeds, n)
     out: list[list[int]] = [[] for _ in range(n)]
@@ -117,6 +116,7 @@ def generate(
         ids = torch.tensor([t for f in feed for t in f], dtype=torch.int64, device=dev)
         last = (cu[1:] - 1).long()
         logits = model(ids, cu, live, cache, logits_indices=last, impl=impl, check_inputs=steps == 0).logits
+        check_step_logits(logits, live)
         steps += 1
         if sampler.greedy:  # no parameter tensors to build
             nxt = argmax_rows(logits).tolist()

@@ -1,0 +1,85 @@
+"""Checks of what a decode call is asked to do, shared by plain generation (:func:`dspark_kernels.models.generate`),
+the speculative loop and the batched engine (:mod:`dspark_kernels.engine`): prompts, stop tokens and the logits each
+step samples from. Every failure names the argument and what was expected.
+
+* :func:`check_decode_args`: ``max_new_tokens`` and the KV-cache page size;
+* :func:`check_prompts`: copies of the prompts as lists of token ids, each non-empty, every id an int in
+  ``[0, vocab_size)``, and prompt + new tokens within the model's positions;
+* :func:`stop_tokens`: an EOS argument (``None``, one id or several) as a set of ids in the vocabulary;
+* :func:`check_step_logits`: the rows a step samples from have a finite maximum (a NaN or +inf logit, or a row of
+  -inf, would otherwise become a token silently).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+
+import torch
+
+__all__ = ["check_decode_args", "check_prompts", "check_step_logits", "stop_tokens"]
+
+
+def _token_id(name: str, t: object, vocab_size: int) -> int:
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+        raise TypeError(f"{name} must be an int token id, got {t!r} ({type(t).__name__})")
+    if not 0 <= int(t) < vocab_size:
+        raise ValueError(f"{name} must be a token id in [0, {vocab_size}), got {int(t)}")
+    return int(t)
+
+
+def check_decode_args(max_new_tokens: object, page_size: object) -> None:
+    """A decode call's ``max_new_tokens`` (an int >= 0, not a bool) and KV-cache ``page_size`` (an int >= 1)."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+
+
+def check_prompts(prompts: Iterable[Sequence[int]], vocab_size: int, max_new_tokens: int,
+                  max_positions: int | None) -> list[list[int]]:
+    """Copies of ``prompts`` as lists of ints (the caller's lists are not touched). Each prompt is a non-empty
+    sequence of int token ids in ``[0, vocab_size)`` (not strings, floats or bools), and ``len(prompt) +
+    max_new_tokens`` fits ``max_positions`` (the model's ``max_position_embeddings``; ``None``: no limit)."""
+    if isinstance(prompts, (str, bytes, torch.Tensor)) or not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)) or not isinstance(p, Iterable):
+            raise TypeError(f"prompt {i} must be a sequence of int token ids, got {type(p).__name__}")
+        ids = [_token_id(f"prompt {i} token {j}", t, vocab_size) for j, t in enumerate(p)]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty: every prompt must hold at least one token")
+        if max_positions is not None and len(ids) + max_new_tokens > max_positions:
+            raise ValueError(f"prompt {i} ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"max_position_embeddings ({max_positions})")
+        out.append(ids)
+    return out
+
+
+def stop_tokens(eos_token_id: object, vocab_size: int) -> frozenset[int]:
+    """``eos_token_id`` (``None``, one int id, or an iterable of them, e.g. a config's ``eos_token_ids``) as the set
+    of ids that end a request; each must be in ``[0, vocab_size)``."""
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, numbers.Integral) and not isinstance(eos_token_id, bool):
+        return frozenset([_token_id("eos_token_id", eos_token_id, vocab_size)])
+    if isinstance(eos_token_id, (str, bytes, bool)) or not isinstance(eos_token_id, Iterable):
+        raise TypeError(f"eos_token_id must be None, an int token id or a collection of them, got {eos_token_id!r}")
+    return frozenset(_token_id("eos_token_id entry", t, vocab_size) for t in eos_token_id)
+
+
+def check_step_logits(logits: torch.Tensor, request_ids: Sequence, rows_per_request: Sequence[int] | None = None
+                      ) -> None:
+    """Raise unless every row of ``logits [rows, V]`` has a finite maximum: one NaN or +inf logit, or a row of -inf,
+    means the model's forward broke (its weights or its inputs), and a token drawn from it would be meaningless.
+    -inf entries beside a finite maximum (masked tokens) are allowed. Rows belong to ``request_ids`` in order, one
+    each or ``rows_per_request[r]`` each (a verify forward); the error names the request. One reduction over the
+    rows, read on the host like the tokens each step reads anyway."""
+    peak = logits.detach().amax(dim=1)
+    bad = ~torch.isfinite(peak)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0])
+        owners = [rid for rid, n in zip(request_ids, rows_per_request or [1] * len(request_ids)) for _ in range(n)]
+        raise FloatingPointError(f"the logits of request {owners[row]} are not finite (row maximum "
+                                 f"{float(peak[row])}): the model produced NaN or Inf; check its weights and inputs")
