@@ -68,6 +68,9 @@ def test_check_step_logits_names_the_request():
             check_step_logits(logits, ["a", "b"])
     with pytest.raises(FloatingPointError, match="request 7"):
         check_step_logits(torch.tensor([[0.0], [1.0], [float("-inf")]]), [3, 7], [2, 1])
+    check_step_logits(ok.bfloat16(), ["a", "b"])  # other dtypes take torch's reduction
+    with pytest.raises(FloatingPointError, match="request a"):
+        check_step_logits(torch.tensor([[float("nan"), 0.0], [1.0, 2.0]], dtype=torch.bfloat16), ["a", "b"])
 
 
 def test_a_list_of_stop_tokens_ends_every_loop(target, drafter):
