@@ -116,6 +116,19 @@ def test_bad_arguments():
         AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_weight=0.0)
     with pytest.raises(ValueError, match="probe_wait"):
         AdaptiveDraftLength(RoundCosts(0.5, 0.1), probe_wait=8, max_probe_wait=4)
+    with pytest.raises(ValueError, match="fixed"):
+        RoundCosts(True, 0.1)
+    with pytest.raises(ValueError, match="prior_weight"):
+        AdaptiveDraftLength(RoundCosts(0.5, 0.1), prior_weight=float("inf"))
+    schedule = AdaptiveDraftLength(RoundCosts(0.5, 0.1))
+    with pytest.raises(IndexError, match="call start first"):
+        schedule.choose(0, 7)
+    schedule.start(1)
+    schedule.choose(0, 7)
+    for verified, accepted in [(1, -3), (2, 3), (-1, -1)]:
+        with pytest.raises(ValueError, match="0 <= accepted <= verified"):
+            schedule.observe(0, verified, accepted)
+    assert schedule.alpha(0) == 0.75  # nothing was recorded
 
 
 @pytest.mark.parametrize("kind,rank", KINDS)

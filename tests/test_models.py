@@ -243,6 +243,31 @@ def test_legacy_rope_fields():
         ModelConfig.from_dict({**base, "vocab_size": None})
 
 
+@pytest.mark.parametrize("key,value,match", [
+    ("vocab_size", "64", "vocab_size must be an integer"),
+    ("num_hidden_layers", 0, "num_hidden_layers must be >= 1"),
+    ("hidden_size", 64.0, "hidden_size must be an integer"),
+    ("rms_norm_eps", -1, r"rms_norm_eps must be a number in \(0, 1\)"),
+    ("max_position_embeddings", -5, "max_position_embeddings must be >= 1"),
+    ("eos_token_id", V, rf"eos_token_id must be token ids in \[0, vocab_size = {V}\)"),
+    ("eos_token_id", [2, True], "eos_token_id must be token ids"),
+    ("bos_token_id", [1], "bos_token_id must be a token id"),
+])
+def test_config_values_are_checked(checkpoints, key, value, match):
+    raw = json.loads((checkpoints["qwen3"][1] / "config.json").read_text())
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict({**raw, key: value})
+
+
+def test_config_with_fewer_layers_than_the_weights_is_refused(checkpoints, tmp_path):
+    """A config that names fewer layers than the checkpoint holds would silently drop the rest."""
+    path = _copy(checkpoints["qwen3"][1], tmp_path)
+    raw = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**raw, "num_hidden_layers": raw["num_hidden_layers"] - 1}))
+    with pytest.raises(CheckpointError, match=r"holds decoder layers \[\d+\] beyond the config's num_hidden_layers"):
+        load_model(path)
+
+
 def test_missing_dir_config_weights(checkpoints, tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
         load_model(tmp_path / "nope")

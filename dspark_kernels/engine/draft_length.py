@@ -26,6 +26,7 @@ sampling stays lossless, and at temperature 0 the output is still the target's g
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ class RoundCosts:
     def __post_init__(self) -> None:
         for name in ("fixed", "per_token"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value >= 0 and value == value and value != float("inf")):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"RoundCosts.{name} must be a finite number >= 0, got {value!r}")
 
     def of(self, k: int) -> float:
@@ -97,8 +98,8 @@ class AdaptiveDraftLength:
             raise ValueError(f"decay must be in (0, 1), got {decay!r}")
         if not 0 < prior_alpha < 1:
             raise ValueError(f"prior_alpha must be in (0, 1), got {prior_alpha!r}")
-        if not prior_weight > 0:
-            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
+        if not (prior_weight > 0 and math.isfinite(prior_weight)):
+            raise ValueError(f"prior_weight must be a finite number > 0, got {prior_weight!r}")
         if not (isinstance(probe_wait, int) and isinstance(max_probe_wait, int) and 1 <= probe_wait <= max_probe_wait):
             raise ValueError(f"need ints 1 <= probe_wait <= max_probe_wait, got {probe_wait!r}, {max_probe_wait!r}")
         self.costs, self.decay, self.prior_alpha = costs, decay, prior_alpha
@@ -121,6 +122,9 @@ class AdaptiveDraftLength:
 
     def alpha(self, i: int) -> float:
         """Request ``i``'s current acceptance-rate estimate."""
+        if not 0 <= i < len(self._accepted):
+            raise IndexError(f"request {i} is not among the {len(self._accepted)} of the last start(n): call start "
+                             "first")
         return self._accepted[i] / (self._accepted[i] + self._rejected[i])
 
     def best_length(self, alpha: float, gamma: int) -> int:
@@ -146,7 +150,9 @@ class AdaptiveDraftLength:
 
     def observe(self, i: int, verified: int, accepted: int) -> None:
         """Request ``i``'s round (the one :meth:`choose` was last asked for) verified ``verified`` drafts and
-        accepted the first ``accepted`` of them."""
+        accepted the first ``accepted`` of them (``0 <= accepted <= verified``)."""
+        if not 0 <= accepted <= verified:
+            raise ValueError(f"need 0 <= accepted <= verified, got accepted={accepted!r}, verified={verified!r}")
         if verified == 0:
             self._wait[i] = max(self._wait[i] - 1, 0)
             return

@@ -11,6 +11,7 @@ and tensor. With ``tie_word_embeddings`` and no ``lm_head.weight``, the LM head 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -108,6 +109,9 @@ def _keys(file: Path) -> list[str]:
         raise CheckpointError(f"cannot read safetensors file {file}: {e}") from e
 
 
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
 def load_state_dict(
     path: str | Path, cfg: ModelConfig | None = None, dtype: torch.dtype | None = None
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
@@ -133,6 +137,10 @@ def load_state_dict(
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(f"missing tensor {missing[0]!r}{more} in checkpoint {path}")
+    extra_layers = sorted({int(m.group(1)) for n in wmap if (m := _LAYER.match(n))} - set(range(cfg.num_hidden_layers)))
+    if extra_layers:
+        raise CheckpointError(f"checkpoint {path} holds decoder layers {extra_layers[:5]} beyond the config's "
+                              f"num_hidden_layers = {cfg.num_hidden_layers}: config and weights disagree")
 
     by_file: dict[Path, list[str]] = {}
     for name in shapes:

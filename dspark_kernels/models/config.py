@@ -26,12 +26,31 @@ _SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _eos_ids(value: Any) -> tuple[int, ...]:
+def _int_field(source: str, key: str, value: Any, low: int = 1) -> int:
+    """A config integer: a JSON int (not a bool, string or float) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{source}: {key} must be an integer, got {value!r}")
+    if value < low:
+        raise ValueError(f"{source}: {key} must be >= {low}, got {value}")
+    return value
+
+
+def _bos_id(source: str, value: Any, vocab_size: int) -> int | None:
+    """``None`` or one token id in ``[0, vocab_size)``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size):
+        raise ValueError(f"{source}: bos_token_id must be a token id in [0, vocab_size = {vocab_size}), got {value!r}")
+    return value
+
+
+def _token_ids(source: str, key: str, value: Any, vocab_size: int) -> tuple[int, ...]:
+    """``None``, one token id or a list of them, each in ``[0, vocab_size)``."""
     if value is None:
         return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    ids = value if isinstance(value, list) else [value]
+    for v in ids:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < vocab_size:
+            raise ValueError(f"{source}: {key} must be token ids in [0, vocab_size = {vocab_size}), got {value!r}")
+    return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -91,11 +110,14 @@ class ModelConfig:
         if d.get("use_sliding_window"):
             raise ValueError(f"{source}: sliding-window attention (use_sliding_window=true) is not supported")
 
-        hidden = int(req("hidden_size"))
-        heads = int(req("num_attention_heads"))
-        kv_heads = int(d.get("num_key_value_heads") or heads)
+        hidden = _int_field(source, "hidden_size", req("hidden_size"))
+        heads = _int_field(source, "num_attention_heads", req("num_attention_heads"))
+        kv_heads = _int_field(source, "num_key_value_heads", d.get("num_key_value_heads") or heads)
+        vocab = _int_field(source, "vocab_size", req("vocab_size"))
         head_dim = d.get("head_dim")
-        if head_dim is None:
+        if head_dim is not None:
+            _int_field(source, "head_dim", head_dim)
+        else:
             if hidden % heads:
                 raise ValueError(f"{source}: hidden_size {hidden} not divisible by num_attention_heads {heads}")
             head_dim = hidden // heads
@@ -103,17 +125,23 @@ class ModelConfig:
             raise ValueError(f"{source}: num_attention_heads {heads} must be a multiple of num_key_value_heads "
                              f"{kv_heads}")
 
+        eps = d.get("rms_norm_eps", 1e-6)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"{source}: rms_norm_eps must be a number in (0, 1), got {eps!r}")
+        positions = d.get("max_position_embeddings")
+        if positions is not None:
+            _int_field(source, "max_position_embeddings", positions)
         theta, rope_type, scaling = cls._parse_rope(d, source)
         cfg = cls(
             model_type=model_type,
-            vocab_size=int(req("vocab_size")),
+            vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=int(req("intermediate_size")),
-            num_hidden_layers=int(req("num_hidden_layers")),
+            intermediate_size=_int_field(source, "intermediate_size", req("intermediate_size")),
+            num_hidden_layers=_int_field(source, "num_hidden_layers", req("num_hidden_layers")),
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=int(head_dim),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=float(eps),
             rope_theta=theta,
             rope_type=rope_type,
             rope_scaling=scaling,
@@ -121,9 +149,9 @@ class ModelConfig:
             attention_bias=bool(d.get("attention_bias", False)),
             mlp_bias=bool(d.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
-            bos_token_id=d.get("bos_token_id"),
-            eos_token_ids=_eos_ids(d.get("eos_token_id")),
-            max_position_embeddings=d.get("max_position_embeddings"),
+            bos_token_id=_bos_id(source, d.get("bos_token_id"), vocab),
+            eos_token_ids=_token_ids(source, "eos_token_id", d.get("eos_token_id"), vocab),
+            max_position_embeddings=positions,
         )
         if head_dim % 2:
             raise ValueError(f"{source}: head_dim must be even for RoPE, got {head_dim}")
