@@ -268,6 +268,18 @@ def test_config_with_fewer_layers_than_the_weights_is_refused(checkpoints, tmp_p
         load_model(path)
 
 
+def test_load_arguments_are_checked(checkpoints):
+    path = checkpoints["qwen3"][1]
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        load_model(path, dtype="bfloat16")
+    with pytest.raises(ValueError, match="device must name a torch device"):
+        load_model(path, device="tpu0")
+    from dspark_kernels.models.drafter_api import load_drafter
+
+    with pytest.raises(TypeError, match="target must be the CausalLM"):
+        load_drafter(path, None)
+
+
 def test_missing_dir_config_weights(checkpoints, tmp_path):
     with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
         load_model(tmp_path / "nope")

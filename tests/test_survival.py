@@ -8,7 +8,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dspark_kernels.engine.sps import SPSProfile, analytic_roofline, load_profile, profile_target, read_profile
+from dspark_kernels.engine.sps import (
+    SPSProfile,
+    analytic_roofline,
+    load_profile,
+    profile_path,
+    profile_target,
+    read_profile,
+)
 from dspark_kernels.ops import (
     capacity_unconstrained,
     prefix_survival,
@@ -349,6 +356,21 @@ def test_sps_profile_not_json_and_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="profile_target") as err:
         load_profile("NVIDIA H200", "nomodel", tmp_path)
     assert str(tmp_path / "NVIDIA_H200__nomodel.json") in str(err.value)
+    path.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_profile(path)
+
+
+def test_sps_profile_must_be_the_one_requested(tmp_path):
+    prof = analytic_roofline("NVIDIA H200", 8e9, max_batch=64, model="m8b")
+    prof.save(tmp_path)
+    assert load_profile("NVIDIA H200", "m8b", tmp_path) == prof
+    copy = profile_path("NVIDIA H100", "m8b", tmp_path)
+    copy.write_text(profile_path("NVIDIA H200", "m8b", tmp_path).read_text())
+    with pytest.raises(ValueError, match="is for device 'NVIDIA H200'.*not the requested 'NVIDIA H100'"):
+        load_profile("NVIDIA H100", "m8b", tmp_path)
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
+        prof.as_table(2.5)
 
 
 def test_analytic_roofline_is_modelled_staircase():

@@ -114,8 +114,8 @@ class SPSProfile:
         returned table can be shorter than requested and the scheduler never admits a batch larger than was
         measured. Entry 0 (unused) repeats entry 1.
         """
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         row = self._row(context_len)
         bmax = min(max_tokens, self.batch_sizes[-1])
         best_from = list(row)  # best_from[i] = max rate over measured sizes i, i + 1, ...
@@ -184,14 +184,18 @@ def load_profile(device: str, model: str, sps_dir: Path = SPS_DIR) -> SPSProfile
     path = profile_path(device, model, sps_dir)
     if not path.exists():
         raise FileNotFoundError(f"no SPS profile for device {device!r}, model {model!r} at {path}; {_CREATE_HINT}")
-    return read_profile(path)
+    profile = read_profile(path)
+    if (profile.device, profile.model) != (device, model):
+        raise ValueError(f"SPS profile {path} is for device {profile.device!r}, model {profile.model!r}, not the "
+                         f"requested {device!r}, {model!r} (a renamed or copied file?)")
+    return profile
 
 
 def read_profile(path: Path) -> SPSProfile:
     """Read and validate the profile file at ``path``."""
     try:
         data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"SPS profile {path} is not valid JSON: {e}") from e
     _check_fields(data, str(path))
     return SPSProfile(

@@ -10,8 +10,10 @@ from typing import Protocol
 
 import torch
 
-__all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "load_drafter", "read_drafter_config",
-           "load_drafter_weights", "save_drafter"]
+from .transformer import CausalLM
+
+__all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "check_gamma", "load_drafter",
+           "read_drafter_config", "load_drafter_weights", "save_drafter"]
 
 
 DraftContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -147,6 +149,8 @@ def load_drafter(path, target, dtype: torch.dtype = torch.float32, gemm_dtype: t
     and LM head are the target's, in the target's setting). It need not match the target's: the drafter's numerics
     decide only which tokens are proposed, never what verification emits (T = 0) or its distribution (T > 0). On a CPU
     whose small bf16 GEMMs have a high fixed cost, fp32 drafter layers are the faster at a draft block's few rows."""
+    if not isinstance(target, CausalLM):
+        raise TypeError(f"target must be the CausalLM the drafter runs with (load_model), got {type(target).__name__}")
     kind = read_drafter_config(path)["drafter_type"]
     if kind == "block":
         from .drafter import load_block_drafter

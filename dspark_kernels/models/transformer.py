@@ -357,6 +357,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     pinned launch config for the Triton kernel), so a token's logits do not depend on how many tokens or requests share
     its forward: with row-invariant GEMMs, greedy speculative decoding then reproduces greedy AR decoding bit for bit
     (slower attention on the CPU; sets :attr:`CausalLM.batch_invariant`)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}: {e}") from None
     cfg, sd = load_state_dict(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
