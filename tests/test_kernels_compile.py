@@ -43,11 +43,10 @@ build("rejection_sample", "_accept_sample_kernel",
       {"draft_ids_ptr": "*i64", "cu_ptr": "*i32", "draft_probs_ptr": "*fp32", "probs_ptr": "*fp32",
        "argmax_ptr": "*i32", "temp_ptr": "*fp32", "accept_u_ptr": "*fp32", "sample_u_ptr": "*fp32", "out_ptr": "*i64",
        "num_acc_ptr": "*i32", "accept_cnt_ptr": "*i64", "draft_cnt_ptr": "*i64"},
-      dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True, OUT_COLS=8, RESID_EPS=1e-8,
-           BLOCK_V=1024))
+      dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True, RESID_EPS=1e-8, BLOCK_V=1024))
 build("survival", "_prefix_survival_kernel", {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32"},
-      dict(HAS_TEMPS=True, BLOCK=16))
-build("survival", "_theta_scan_kernel", {"A_SORTED": "*fp32", "SPS": "*fp32", "THETA": "*fp64"}, dict(BLOCK=1024))
+      dict(HAS_TEMPS=True))
+build("survival", "_theta_scan_kernel", {"A_SORTED": "*fp32", "SPS": "*fp64", "THETA": "*fp64"}, dict(BLOCK=1024))
 build("survival", "_first_drop_kernel", {"THETA": "*fp64", "COUNT": "*i64"}, dict(BLOCK=1024))
 build("survival", "_scatter_lengths_kernel",
       {"A_SORTED": "*fp32", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "COUNT": "*i64", "LENS": "*i32"},

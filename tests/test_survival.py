@@ -92,6 +92,29 @@ def test_triton_matches_reference(r, gamma, quantized):
         assert int(lens_ref.sum()) == min(k, int((ref > 0).sum()))
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_survival_never_rises_within_a_request(impl):
+    """Confidences near 1 (logits 2..18) make long runs of products that differ in the last bits: each request's
+    survival must still be non-increasing (the ops' own validation and Algorithm 1's candidate order rely on it)."""
+    gen = torch.Generator().manual_seed(5)
+    lens = torch.randint(1, 17, (400,), generator=gen)
+    cu = cu_of(lens.tolist())
+    a = prefix_survival(2 + 16 * torch.rand(int(lens.sum()), generator=gen), cu, impl=impl)
+    req = torch.repeat_interleave(torch.arange(len(lens)), lens)
+    assert not bool(((req[1:] == req[:-1]) & (a[1:] > a[:-1])).any())
+    select_verify_lengths_alg1(a, cu, decreasing_sps(len(lens) + 8, gen), impl=impl)  # validation passes
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float64_sps_table_is_used_at_full_precision(impl):
+    """SPS(2) = 1 - 2^-29 in float64 makes admitting a survival of 2^-30 lose (Theta 1 - 2^-30 < 1); rounded to
+    float32 it would read 1.0 and admit the slot."""
+    a = torch.tensor([2.0**-30])
+    sps = torch.tensor([1.0, 1.0, 1.0 - 2.0**-29], dtype=torch.float64)
+    assert select_verify_lengths_alg1(a, cu_of([1]), sps, impl=impl).tolist() == [0]
+    assert capacity_unconstrained(a, cu_of([1]), sps, impl=impl).tolist() == [0]
+
+
 def test_triton_matches_reference_exact_ties():
     # c in {0, 0.5, 1}: survival values are powers of two, tied across requests and inside a request (c = 1)
     gen = torch.Generator().manual_seed(2)

@@ -107,6 +107,7 @@ def _target_probs_kernel(
     tl.store(argmax_ptr + row, best_idx)
 
     if t > 0.0:
+        tl.debug_barrier()  # the row's stores above are read back by other threads' loads in filter_row
         filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
 
 
@@ -137,20 +138,22 @@ def _accept_sample_kernel(
     accept_cnt_ptr,
     draft_cnt_ptr,
     V,
+    stride_out,
     HAS_DRAFT_PROBS: tl.constexpr,
     HAS_ACCEPT_COUNTER: tl.constexpr,
     HAS_DRAFT_COUNTER: tl.constexpr,
-    OUT_COLS: tl.constexpr,
     RESID_EPS: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    """One program per request: accept tests over its drafts, then the correction/bonus draw by inverse CDF."""
+    """One program per request: accept tests over its drafts, then the correction/bonus draw by inverse CDF.
+    ``stride_out`` (the output's row stride, ``max_spec_len + 1``) is a runtime argument: the draft width changes
+    from round to round, and a constexpr would compile the kernel once per width."""
     r = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + r).to(tl.int64)
     n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
     row0 = start + r
     t = tl.load(temp_ptr + r)
-    out_row = out_ptr + r * OUT_COLS
+    out_row = out_ptr + r * stride_out
 
     num_acc = tl.zeros((), dtype=tl.int64)
     alive = n >= 0
@@ -268,9 +271,9 @@ def rejection_sample_triton(
     _accept_sample_kernel[(r,)](
         draft_token_ids.contiguous(), cu_num_draft_tokens.contiguous(), or_dummy(draft_probs, dummy_f), probs, argmax,
         temp, or_dummy(accept_uniforms, dummy_f), or_dummy(sample_uniforms, dummy_f), out, num_acc,
-        or_dummy(accept_counter, dummy_i), or_dummy(draft_counter, dummy_i), v,
+        or_dummy(accept_counter, dummy_i), or_dummy(draft_counter, dummy_i), v, out.stride(0),
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_ACCEPT_COUNTER=accept_counter is not None,
-        HAS_DRAFT_COUNTER=draft_counter is not None, OUT_COLS=max_spec_len + 1, RESID_EPS=RESIDUAL_EPS,
+        HAS_DRAFT_COUNTER=draft_counter is not None, RESID_EPS=RESIDUAL_EPS,
         BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
     )
     return RejectionResult(out, num_acc)

@@ -55,34 +55,29 @@ __all__ = [
     "select_verify_lengths_topk_triton",
 ]
 
-_SLOT_BLOCK = 16  # slots per step of the per-request survival scan
 _SCAN_BLOCK = 1024  # candidates per step of the Theta scan and per program of the reductions
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _mul(x, y):
-    return x * y
-
-
-@triton.jit
-def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr, BLOCK: tl.constexpr):
-    """One program = one request: running product of sigmoid(logit / T[pos]) over its slots, BLOCK at a time."""
+def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr):
+    """One program = one request: the running product of sigmoid(logit / T[pos]) over its slots, one slot at a time
+    from the left (a request has at most a few dozen). Each ``a[j]`` is ``a[j - 1] * c[j]`` rounded once with
+    ``c[j] <= 1``, so the survival never rises along a request; a parallel scan (``tl.cumprod`` on a GPU) multiplies
+    in another order per lane and can round a later product 1 ulp above an earlier one, which breaks the
+    prefix-closed candidate order Algorithm 1 relies on. The reference's sequential cumprod does the same products."""
     r = tl.program_id(0)
     start = tl.load(CU + r).to(tl.int64)
     length = tl.load(CU + r + 1).to(tl.int64) - start
-    carry = tl.full((), 1.0, tl.float32)
-    for off in range(0, length, BLOCK):
-        pos = off + tl.arange(0, BLOCK)
-        ok = pos < length
-        x = tl.load(LOGITS + start + pos, mask=ok, other=0.0).to(tl.float32)
+    a = tl.full((), 1.0, tl.float32)
+    for j in range(0, length):
+        x = tl.load(LOGITS + start + j).to(tl.float32)
         if HAS_TEMPS:
-            x = x / tl.load(TEMPS + pos, mask=ok, other=1.0)
+            x = x / tl.load(TEMPS + j)
         e = tl.exp(-tl.abs(x))  # overflow-free sigmoid: exactly 0 for very negative logits
-        c = tl.where(ok, tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)), 1.0)
-        a = tl.cumprod(c, 0) * carry
-        tl.store(OUT + start + pos, a, mask=ok)
-        carry = carry * tl.reduce(c, 0, _mul)
+        c = tl.minimum(tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)), 1.0)
+        a = a * c
+        tl.store(OUT + start + j, a)
 
 
 @triton.jit
@@ -141,7 +136,7 @@ def prefix_survival_triton(
     temps = position_temperatures if position_temperatures is not None else out
     _prefix_survival_kernel[(r,)](
         conf_logits.contiguous(), unit_inner_stride(cu_num_draft_tokens), unit_inner_stride(temps), out,
-        HAS_TEMPS=position_temperatures is not None, BLOCK=_SLOT_BLOCK,
+        HAS_TEMPS=position_temperatures is not None,
     )
     return out
 
@@ -151,7 +146,7 @@ def _theta_path_triton(a_sorted: torch.Tensor, num_requests: int, sps_table: tor
     n = a_sorted.numel()
     theta = torch.empty(n + 1, dtype=torch.float64, device=a_sorted.device)
     _theta_scan_kernel[(1,)](
-        a_sorted, sps_table.float().contiguous(), theta, n, num_requests, sps_table.numel() - 1, BLOCK=_SCAN_BLOCK
+        a_sorted, sps_table.double().contiguous(), theta, n, num_requests, sps_table.numel() - 1, BLOCK=_SCAN_BLOCK
     )
     return theta
 

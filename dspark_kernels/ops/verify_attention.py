@@ -129,6 +129,9 @@ _DEFAULTS = {
 }
 
 
+_MAX_GRID_Z = 65535  # CUDA's limit on grid axis 2 (the request axis)
+
+
 @dataclass(frozen=True)
 class PinnedLaunch:
     """The Triton kernel's batch-invariant "plan": launch every call with ``config``, whatever its shape."""
@@ -160,7 +163,7 @@ def _verify_attention_kernel(
     DOT_F32: tl.constexpr,
     ALIGNED: tl.constexpr,
 ):
-    """One program = one request x one KV head x BLOCK_M rows of (new token, query head in the GQA group).
+    """One program = BLOCK_M rows of (new token, query head in the GQA group) x one KV head x one request.
 
     Packing the GQA group into the M dimension gives decode (1 token, GROUP heads) a real tile for tl.dot.
     Keys/values are gathered page by page; softmax is online (FlashAttention-style) in fp32, with exp2.
@@ -168,9 +171,9 @@ def _verify_attention_kernel(
     ``BLOCK_M // GROUP`` consecutive absolute positions from a multiple of that, so a token always takes the same
     rows of its tile, whatever else the call holds.
     """
-    r = tl.program_id(0)
+    mb = tl.program_id(0)  # query tiles on axis 0 (up to 2^31 - 1 of them: a long prefill has many)
     kvh = tl.program_id(1)
-    mb = tl.program_id(2)
+    r = tl.program_id(2)  # requests on axis 2 (CUDA allows 65535 there)
     q_start = tl.load(CU + r).to(tl.int64)
     q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
     kv_len = tl.load(SL + r).to(tl.int64)
@@ -243,7 +246,10 @@ def verify_attention_triton(
         rows += block_m - group
     q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens = map(
         unit_inner_stride, (q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens))
-    grid = (n_req, hkv, triton.cdiv(rows, block_m))
+    if n_req > _MAX_GRID_Z:
+        raise ValueError(f"verify_attention launches one program column per request: at most {_MAX_GRID_Z} requests "
+                         f"per call, got {n_req}")
+    grid = (triton.cdiv(rows, block_m), hkv, n_req)
     _verify_attention_kernel[grid](
         q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
         sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
