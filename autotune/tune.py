@@ -6,8 +6,8 @@ timed with ``triton.testing.do_bench`` and the fastest is written to ``<out-dir>
 format :mod:`.store` reads (``{"gpu", "driver", "ops": {op: {bucket: {param: int}}}}``). Ops already in that file
 but not tuned in this run are kept. Without a CUDA GPU the command exits with status 2.
 
-``survival`` launches with fixed block sizes (it reads no launch config); it is checked and timed for the table but
-nothing is stored for it.
+``survival`` has two buckets: ``prefix`` (the per-request survival product, a scalar loop: warps only) and ``scan``
+(Algorithm 1's Theta scan, first drop and scatter: block size and warps).
 """
 
 from __future__ import annotations
@@ -278,7 +278,9 @@ def _sequential_case(candidates, dev, r, kind="gated", gamma=7, v=151936, rank=2
                 shapes=f"{kind} R={r} gamma={gamma} V={v} r={rank} d={d} bf16")
 
 
-def _survival_case(dev, r=256, gamma=16):
+def _survival_case(candidates, dev, bucket, r=256, gamma=16):
+    """``prefix``: the per-request survival product; ``scan``: Algorithm 1's Theta scan, first drop and scatter
+    (the candidate sort is torch's)."""
     from dspark_kernels.engine.sps import analytic_roofline
     from dspark_kernels.ops import prefix_survival, select_verify_lengths_alg1
 
@@ -289,19 +291,23 @@ def _survival_case(dev, r=256, gamma=16):
         cu = torch.arange(0, n + 1, gamma, dtype=torch.int64, device=dev)
         temps = torch.ones(gamma, device=dev)
         sps = analytic_roofline("H200", 8e9, max_batch=r * (gamma + 1)).as_table(r * (gamma + 1)).to(dev)
+        a = prefix_survival(logits, cu, temps, impl="torch", check_inputs=False)
 
         def go(impl):
-            a = prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
-            return a, select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
-
-        ref = go("torch")
+            if bucket == "prefix":
+                return prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
+            return select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
 
         def check(out, ref):
-            return close(out[0], ref[0], atol=1e-6, rtol=1e-5) or mostly_equal(out[1], ref[1], 0.0, "verify_lens")
+            if bucket == "prefix":
+                return close(out, ref, atol=1e-6, rtol=1e-5)
+            return mostly_equal(out, ref, 0.0, "verify_lens")
 
-        return (lambda: go("triton")), ref, check
+        return (lambda: go("triton")), go("torch"), check
 
-    return Case("survival", "-", None, [{}], make, shapes=f"prefix_survival + alg1, R={r} gamma={gamma}")
+    what = "prefix_survival" if bucket == "prefix" else "select_verify_lengths_alg1"
+    return Case("survival", bucket, "dspark_kernels.ops.survival", candidates, make,
+                shapes=f"{what}, R={r} gamma={gamma}")
 
 
 def build_cases(dev: torch.device, quick: bool) -> list[Case]:
@@ -310,6 +316,7 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
     dba = importlib.import_module("dspark_kernels.ops.draft_block_attention")._DEFAULTS
     rs = importlib.import_module("dspark_kernels.ops.rejection_sample")._DEFAULTS
     sh = importlib.import_module("dspark_kernels.ops.sequential_head")._DEFAULTS
+    sv = importlib.import_module("dspark_kernels.ops.survival")._DEFAULTS
     warps = (4,) if quick else (4, 8)
     stages = (2,) if quick else (2, 3)
     decode_shapes = [(1, 2048, 64)] if quick else [(1, 2048, 64), (1, 4096, 16)]
@@ -331,7 +338,9 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
                         dev, r=64),
         _sequential_case(grid(sh, BLOCK_V=(512, 1024) if quick else (256, 512, 1024), BLOCK_R=(16, 32),
                               num_warps=(4, 8)), dev, r=16 if quick else 64),
-        _survival_case(dev),
+        _survival_case(grid(sv["prefix"], num_warps=(1, 2, 4)), dev, "prefix"),
+        _survival_case(grid(sv["scan"], BLOCK=(1024,) if quick else (512, 1024, 2048), num_warps=warps), dev,
+                       "scan"),
     ]
 
 

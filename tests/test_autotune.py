@@ -139,6 +139,25 @@ def test_forced_configs_on_a_real_kernel():
     assert sys.modules["dspark_kernels.ops.verify_attention"].launch_config is original
 
 
+@pytest.mark.parametrize("bucket", ["prefix", "scan"])
+def test_survival_buckets_through_the_tuner(bucket):
+    """The survival op's two tunable buckets: every candidate of the sweep, forced onto the launchers (interpreted
+    here), gives the reference's output; the forced config is what the launchers read."""
+    from dspark_kernels.autotune.tune import _survival_case
+    from dspark_kernels.ops.survival import _DEFAULTS
+
+    extra = {"prefix": dict(num_warps=(1, 2)), "scan": dict(BLOCK=(512, 1024), num_warps=(4,))}[bucket]
+    case = _survival_case(grid(_DEFAULTS[bucket], **extra), torch.device("cpu"), bucket, r=8, gamma=5)
+    run, ref, check = case.make()
+
+    def run_cfg(cfg):
+        with forced_config(case.module, cfg):
+            return run()
+
+    trials = evaluate(case.candidates, run_cfg, lambda out: check(out, ref), lambda fn: 1.0)
+    assert len(trials) >= 2 and all(t.status == "ok" for t in trials), trials
+
+
 def test_cli_without_gpu_exits_2(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")

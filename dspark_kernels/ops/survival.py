@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..autotune.store import launch_config
 from ..reference.survival import (
     candidate_order,
     capacity_unconstrained_ref,
@@ -55,7 +56,10 @@ __all__ = [
     "select_verify_lengths_topk_triton",
 ]
 
-_SCAN_BLOCK = 1024  # candidates per step of the Theta scan and per program of the reductions
+# launch parameters by bucket, over which the autotune store's "survival" entries go: the per-request survival
+# product is a scalar loop (one warp is enough); BLOCK = candidates per step of the Theta scan and per program of the
+# first-drop and scatter kernels
+_DEFAULTS = {"prefix": {"num_warps": 1}, "scan": {"BLOCK": 1024, "num_warps": 4}}
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
@@ -134,9 +138,10 @@ def prefix_survival_triton(
     if conf_logits.numel() == 0 or r == 0:
         return out
     temps = position_temperatures if position_temperatures is not None else out
+    cfg = launch_config("survival", _DEFAULTS["prefix"], conf_logits.device, "prefix")
     _prefix_survival_kernel[(r,)](
         conf_logits.contiguous(), unit_inner_stride(cu_num_draft_tokens), unit_inner_stride(temps), out,
-        HAS_TEMPS=position_temperatures is not None,
+        HAS_TEMPS=position_temperatures is not None, num_warps=cfg["num_warps"],
     )
     return out
 
@@ -145,10 +150,16 @@ def _theta_path_triton(a_sorted: torch.Tensor, num_requests: int, sps_table: tor
     """Triton twin of :func:`theta_path`: the float64 Theta along the sorted order, ``[N + 1]``."""
     n = a_sorted.numel()
     theta = torch.empty(n + 1, dtype=torch.float64, device=a_sorted.device)
+    cfg = _scan_config(a_sorted.device)
     _theta_scan_kernel[(1,)](
-        a_sorted, sps_table.double().contiguous(), theta, n, num_requests, sps_table.numel() - 1, BLOCK=_SCAN_BLOCK
+        a_sorted, sps_table.double().contiguous(), theta, n, num_requests, sps_table.numel() - 1, BLOCK=cfg["BLOCK"],
+        num_warps=cfg["num_warps"],
     )
     return theta
+
+
+def _scan_config(device: torch.device) -> dict[str, int]:
+    return launch_config("survival", _DEFAULTS["scan"], device, "scan")
 
 
 def _scatter_lengths_triton(count: torch.Tensor, ordered: tuple[torch.Tensor, ...], num_requests: int) -> torch.Tensor:
@@ -157,8 +168,9 @@ def _scatter_lengths_triton(count: torch.Tensor, ordered: tuple[torch.Tensor, ..
     n = a_sorted.numel()
     lens = torch.zeros(num_requests, dtype=torch.int32, device=a_sorted.device)
     if n:
-        grid = (triton.cdiv(n, _SCAN_BLOCK),)
-        _scatter_lengths_kernel[grid](a_sorted, req_sorted, pos_sorted, count, lens, n, BLOCK=_SCAN_BLOCK)
+        cfg = _scan_config(a_sorted.device)
+        _scatter_lengths_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](a_sorted, req_sorted, pos_sorted, count, lens, n,
+                                                                  BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
     return lens
 
 
@@ -172,7 +184,9 @@ def select_verify_lengths_alg1_triton(
     count = torch.full((1,), n, dtype=torch.int32, device=survival.device)
     if n and r:
         theta = _theta_path_triton(ordered[0], r, sps_table)
-        _first_drop_kernel[(triton.cdiv(n, _SCAN_BLOCK),)](theta, count, n, BLOCK=_SCAN_BLOCK)
+        cfg = _scan_config(survival.device)
+        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](theta, count, n, BLOCK=cfg["BLOCK"],
+                                                             num_warps=cfg["num_warps"])
     return _scatter_lengths_triton(count, ordered, r)
 
 
