@@ -40,6 +40,34 @@ def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1):
 
 
 KINDS = [("vanilla", 8), ("gated", 8), ("rnn", 8), ("none", 0)]
+ROLLOUT_PROMPTS = [[1, random.Random(i).randrange(4, VOCAB), random.Random(i + 99).randrange(4, VOCAB)]
+                   for i in range(64)]
+
+
+def train_block_drafter(target, kind="vanilla", rank=8, iters=300):
+    """A drafter trained for a few seconds on the target's own sampled rollouts (DSpark loss, or DFlash's CE for
+    rank 0): accepted often enough that the end-to-end tests run the accept, reject and residual paths (a random
+    drafter is almost never accepted, so they would test plain decoding)."""
+    rng = random.Random(0)
+    responses = generate(target, ROLLOUT_PROMPTS, 24, temperature=1.0, seeds=list(range(len(ROLLOUT_PROMPTS))))
+    ro = Rollouts(ROLLOUT_PROMPTS, responses.tokens, [1.0] * len(ROLLOUT_PROMPTS), [0] * len(ROLLOUT_PROMPTS))
+    drafter = make_drafter(target, kind, rank).train()
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    for _ in range(iters):
+        gamma = rng.choice([3, 4])
+        batch = make_batch(target, ro, rng.sample(range(len(ROLLOUT_PROMPTS)), 16), drafter.feature_layers, gamma, 4,
+                           rng)
+        loss = drafter_loss(drafter, batch, gamma, (0.1, 0.9, 1.0) if rank else (1.0, 0.0, 0.0)).total
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return drafter.eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def trained(target):
+    """One trained drafter per head kind (about 4 s each)."""
+    return {kind: train_block_drafter(target, kind, rank) for kind, rank in KINDS}
 
 
 @pytest.mark.parametrize("kind,rank", KINDS)
@@ -97,13 +125,14 @@ def test_propose_takes_context_in_its_pass(target, impl):
 
 @pytest.mark.parametrize("kind,rank", KINDS)
 @pytest.mark.parametrize("gamma", [1, 4, 7])
-def test_greedy_speculative_equals_target_greedy(target, kind, rank, gamma):
-    drafter = make_drafter(target, kind, rank)
-    prompts = [[1, 5, 9, 13], [1, 40], [1] + list(range(20, 45))]
+def test_greedy_speculative_equals_target_greedy(target, trained, kind, rank, gamma):
+    prompts = [[1, 5, 9, 13], [1, 40], [1] + list(range(20, 45)), *ROLLOUT_PROMPTS[:5]]
     ar = generate(target, prompts, 24, temperature=0.0)
-    spec = speculative_generate(target, drafter, prompts, 24, gamma, temperature=0.0)
-    assert spec.tokens == ar.tokens
-    assert spec.rounds > 0 and 1.0 <= spec.tau <= gamma + 1
+    for drafter in (make_drafter(target, kind, rank), trained[kind]):
+        spec = speculative_generate(target, drafter, prompts, 24, gamma, temperature=0.0)
+        assert spec.tokens == ar.tokens
+        assert spec.rounds > 0 and 1.0 <= spec.tau <= gamma + 1
+    assert sum(spec.accept_hist[min(gamma, 2):]) > 0  # the trained drafter's runs of accepted drafts were committed
 
 
 def test_greedy_with_eos_and_triton_path(target):
@@ -114,14 +143,31 @@ def test_greedy_with_eos_and_triton_path(target):
     assert spec.tokens == ar.tokens and spec.finish_reasons == ar.finish_reasons
 
 
-@pytest.mark.parametrize("kind,rank,temperature", [("vanilla", 8, 1.0), ("none", 0, 0.8)])
-def test_sampled_speculative_is_lossless(target, kind, rank, temperature):
-    drafter = make_drafter(target, kind, rank)
-    prompt, n, steps, gamma = [1, 11, 12], 4000, 3, 3
+def _sampled(target, drafter, temperature, n=4000):
+    prompt, steps, gamma = [1, 11, 12], 3, 3
     spec = speculative_generate(target, drafter, [prompt] * n, steps, gamma, temperature=temperature,
                                 seeds=list(range(n)))
-    assert 0 < sum(spec.accept_hist[1:]) and spec.accept_hist[0] > 0  # both paths exercised
+    return prompt, steps, spec
+
+
+@pytest.mark.parametrize("kind,temperature", [("vanilla", 1.0), ("gated", 1.0), ("rnn", 1.0), ("none", 0.8)])
+def test_sampled_speculative_is_lossless(target, trained, kind, temperature):
+    prompt, steps, spec = _sampled(target, trained[kind], temperature)
+    rounds = sum(spec.accept_hist)
+    assert sum(spec.accept_hist[1:]) > 0.05 * rounds and spec.accept_hist[0] > 0.05 * rounds  # both paths, often
     assert_follows_target(target, prompt, spec.tokens, temperature, steps)
+
+
+def test_the_lossless_check_catches_a_wrong_residual(target, trained, monkeypatch):
+    """The end-to-end check can fail: resampling a rejected position from the target instead of the residual
+    ``max(0, p_t - p_d)`` (a classic speculative-sampling bug) is rejected with this drafter and sample size."""
+    import importlib
+
+    rs = importlib.import_module("dspark_kernels.reference.rejection_sample")
+    monkeypatch.setattr(rs, "_correction_weights", lambda probs, dp, x, rej, final_row, rd: probs[final_row])
+    prompt, steps, spec = _sampled(target, trained["vanilla"], 1.0)
+    with pytest.raises(AssertionError):
+        assert_follows_target(target, prompt, spec.tokens, 1.0, steps)
 
 
 def test_seeded_runs_reproduce_and_do_not_depend_on_batching(target):
