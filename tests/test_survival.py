@@ -19,6 +19,7 @@ from dspark_kernels.engine.sps import (
 from dspark_kernels.ops import (
     capacity_unconstrained,
     prefix_survival,
+    rejection_sample,
     select_verify_lengths_alg1,
     select_verify_lengths_topk,
 )
@@ -240,18 +241,21 @@ def live_survival(x1: int) -> torch.Tensor:
 
 
 def first_token(x1: torch.Tensor, verify_len: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """First emitted token of standard speculative sampling, vectorised over samples.
+    """First emitted token of each sample, through the library's verification op (:func:`rejection_sample`).
 
-    l = 0: sample the target. l >= 1: accept x1 iff u < min(1, p/q), else sample normalize(max(0, p - q)).
-    """
+    l = 0: the target is sampled; l >= 1: x1 is verified against the draft distribution (accepted with probability
+    min(1, p/q), else the residual normalize(max(0, p - q)) is sampled). Drafts after x1 do not change the first
+    token, so each sample verifies x1 alone when its length is >= 1."""
     n = x1.numel()
-    u = torch.rand(n, generator=gen, dtype=torch.float64)
-    accept = u < (P_TARGET[x1] / P_DRAFT[x1]).clamp(max=1.0)
-    residual = (P_TARGET - P_DRAFT).clamp(min=0.0)
-    from_residual = torch.multinomial(residual / residual.sum(), n, replacement=True, generator=gen)
-    from_target = torch.multinomial(P_TARGET, n, replacement=True, generator=gen)
-    verified = torch.where(accept, x1, from_residual)
-    return torch.where(verify_len >= 1, verified, from_target)
+    verified = (verify_len >= 1).long()
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), verified.cumsum(0)]).to(torch.int32)
+    drafts = x1[verified.bool()]
+    rows = n + drafts.numel()  # (verified + 1) target rows per sample
+    logits = P_TARGET.log().float().expand(rows, 2).contiguous()
+    res = rejection_sample(drafts, cu, P_DRAFT.float().expand(drafts.numel(), 2).contiguous(), logits,
+                           torch.ones(n), None, None, torch.rand(drafts.numel(), generator=gen).clamp(1e-7, 1 - 1e-7),
+                           torch.rand(rows, generator=gen).clamp(1e-7, 1 - 1e-7), max_spec_len=1)
+    return res.output_token_ids[:, 0]
 
 
 def chi2_p(tokens: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -285,6 +289,17 @@ def test_appendix_a_global_search_is_biased_alg1_is_lossless(impl):
     assert [alg1(0), alg1(1)] == [0, 0]
     p_alg1, freq_alg1 = run_rounds(alg1)
     assert p_alg1 > 1e-3, freq_alg1
+
+    # a cheaper second token (SPS(2) = 0.95): Algorithm 1 verifies x1 whatever it is, and stops before slot 2
+    # (Theta 1.8 * 0.95 = 1.71, then at most 2.52 * 0.45), so x1 goes through the accept/residual path
+    sps = table([1.0, 0.95, 0.45])
+
+    def alg1_cheap(x1):
+        return int(select_verify_lengths_alg1(live_survival(x1), cu, sps, impl=impl)[0])
+
+    assert [alg1_cheap(0), alg1_cheap(1)] == [1, 1]
+    p_cheap, freq_cheap = run_rounds(alg1_cheap)
+    assert p_cheap > 1e-3, freq_cheap
 
 
 @pytest.mark.parametrize("impl", IMPLS)
