@@ -17,7 +17,7 @@ from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, read_profile
 from dspark_kernels.models import generate
-from dspark_kernels.models.drafter_api import NullDrafter
+from dspark_kernels.models.drafter_api import DraftOutput, NullDrafter
 from tests.lossless import assert_follows_target
 from tests.test_drafter_engine import VOCAB, make_drafter, target, train_block_drafter  # noqa: F401 (fixture)
 
@@ -440,6 +440,23 @@ def test_replay_oracle_bounds_every_policy(traces):
         for name, p in at.items():
             assert at["oracle"]["system_tps"] >= p["system_tps"] * (1 - 1e-9), (c, name)
             assert p["per_user_tps_p10"] <= p["per_user_tps_median"]
+
+
+def test_nan_confidences_from_the_drafter_stop_the_engine(target, drafter, monkeypatch):  # noqa: F811
+    """A drafter whose confidence head emits NaN makes a confidence-scheduled engine step raise, naming the policy,
+    instead of sorting NaN survivals."""
+    real = drafter.draft
+
+    def nan_confidences(*args, **kwargs):
+        out = real(*args, **kwargs)
+        return DraftOutput(out.tokens, out.draft_probs, torch.full_like(out.confidence_logits, float("nan")))
+
+    monkeypatch.setattr(drafter, "draft", nan_confidences)
+    eng = engine(target, drafter, "dspark")
+    eng.add_request(PROMPTS[0], 8)
+    with pytest.raises(ValueError, match="policy 'dspark': confidence logits contain NaN"):
+        for _ in range(3):
+            eng.step()
 
 
 def test_bad_inputs_raise_clear_errors(target, drafter, traces, tmp_path):  # noqa: F811
