@@ -1,4 +1,5 @@
-"""Shared statistical check for end-to-end losslessness: generated tokens vs the target's exact marginals."""
+"""Shared statistical check for end-to-end losslessness: generated tokens vs the target's exact marginals, and the
+first two tokens jointly."""
 
 import torch
 from scipy.stats import chisquare
@@ -6,11 +7,14 @@ from scipy.stats import chisquare
 from dspark_kernels.train.drafter_data import target_outputs
 
 
-def exact_marginals(target, prompt: list[int], steps: int, temperature: float) -> list[torch.Tensor]:
-    """Exact distribution ``[V]`` (float64) of generated tokens 1..steps, enumerating prefixes with mass > 1e-6."""
+def exact_marginals(target, prompt: list[int], steps: int, temperature: float,
+                    pairs: dict | None = None) -> list[torch.Tensor]:
+    """Exact distribution ``[V]`` (float64) of generated tokens 1..steps, enumerating prefixes with mass > 1e-6.
+    ``pairs`` (a dict, filled when given and ``steps >= 2``): the joint probability of each first-two-token prefix
+    ``(t1, t2)`` kept by that enumeration."""
     prefixes = {(): 1.0}
     marginals = []
-    for _ in range(steps):
+    for step in range(steps):
         items = list(prefixes.items())
         seqs = [prompt + list(p) for p, _ in items]
         _, logits, _ = target_outputs(target, seqs, (0,))
@@ -24,15 +28,19 @@ def exact_marginals(target, prompt: list[int], steps: int, temperature: float) -
                 nxt[p + (tok,)] = w * float(row[tok])
         marginals.append(marginal)
         prefixes = nxt
+        if step == 1 and pairs is not None:
+            pairs.update(prefixes)
     return marginals
 
 
 def assert_follows_target(target, prompt: list[int], outputs: list[list[int]], temperature: float,
                           steps: int) -> None:
     """Chi-square (p > 1e-3) of the tokens at each of the first ``steps`` positions of ``outputs`` against the exact
-    marginals; tokens with expected count < 5 are pooled into one bin."""
+    marginals, and (``steps >= 2``) of the first two tokens' pairs against their exact joint; tokens or pairs with
+    expected count < 5 are pooled into one bin."""
     n = len(outputs)
-    for pos, exact in enumerate(exact_marginals(target, prompt, steps, temperature)):
+    pairs: dict = {}
+    for pos, exact in enumerate(exact_marginals(target, prompt, steps, temperature, pairs)):
         counts = torch.bincount(torch.tensor([t[pos] for t in outputs]), minlength=exact.numel()).double()
         expected = exact * n
         big = expected >= 5
@@ -40,3 +48,14 @@ def assert_follows_target(target, prompt: list[int], outputs: list[list[int]], t
         exp = torch.cat([expected[big], expected[~big].sum()[None]])
         p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
         assert p_value > 1e-3, (pos, p_value)
+    if steps >= 2:  # the joint of the first two tokens: a wrong conditional can hide behind right marginals
+        seen: dict = {}
+        for t in outputs:
+            seen[(t[0], t[1])] = seen.get((t[0], t[1]), 0) + 1
+        big = [pair for pair, p in pairs.items() if p * n >= 5]
+        obs = [seen.get(pair, 0) for pair in big]
+        exp = [pairs[pair] * n for pair in big]
+        obs.append(n - sum(obs))
+        exp.append(max(n - sum(exp), 1e-9))  # pairs expected fewer than 5 times, and the enumeration's pruned mass
+        p_value = chisquare(obs, exp).pvalue
+        assert p_value > 1e-3, ("pairs", p_value)
