@@ -38,3 +38,7 @@ def test_draft_block_attention_triton_cuda(benchmark, gamma, ctx, n_req):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernel is timed on CUDA only")
     _run(benchmark, torch.device("cuda"), gamma, ctx, n_req, "triton", torch.bfloat16)
+
+
+def test_draft_block_attention_triton_interpreted_smoke(benchmark, interpreted_smoke):
+    _run(benchmark, interpreted_smoke, 3, 20, 2, "triton", torch.float32)

@@ -68,3 +68,7 @@ def test_rejection_sample_triton_cuda(benchmark, r):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernels are timed on CUDA only (the interpreter is not a speed reference)")
     _run(benchmark, torch.device("cuda"), r, 7, 151936, "triton", torch.bfloat16)
+
+
+def test_rejection_sample_triton_interpreted_smoke(benchmark, interpreted_smoke):
+    _run(benchmark, interpreted_smoke, 2, 3, 300, "triton", torch.float32)

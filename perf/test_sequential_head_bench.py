@@ -87,3 +87,8 @@ def test_sequential_head_triton_cuda(benchmark, r, kind):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernel is timed on CUDA only (the interpreter is not a speed reference)")
     _run(benchmark, torch.device("cuda"), kind, r, 7, 151936, 256, 4096, "triton", torch.bfloat16)
+
+
+@pytest.mark.parametrize("kind", ["vanilla", "gated", "rnn"])
+def test_sequential_head_triton_interpreted_smoke(benchmark, interpreted_smoke, kind):
+    _run(benchmark, interpreted_smoke, kind, 2, 3, 300, 8, 32, "triton", torch.float32)

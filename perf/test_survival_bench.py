@@ -67,3 +67,7 @@ def test_survival_schedule_triton_cuda(benchmark, r):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernels are timed on CUDA only (the interpreter is not a speed reference)")
     _run(benchmark, torch.device("cuda"), r, "triton")
+
+
+def test_survival_schedule_triton_interpreted_smoke(benchmark, interpreted_smoke):
+    _run(benchmark, interpreted_smoke, 4, "triton")

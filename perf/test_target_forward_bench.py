@@ -113,3 +113,8 @@ def _bench_forward(benchmark, model: CausalLM, impl: str, gemm_dtype: torch.dtyp
         flops=flops,
         impl=impl,
     )
+
+
+def test_target_forward_triton_interpreted_smoke(benchmark, models, interpreted_smoke):
+    """The model forward with the Triton attention kernel, interpreted, once (CI mode only: ``interpreted_smoke``)."""
+    _bench_forward(benchmark, models("cpu", torch.float32, None), "triton", None, 4)

@@ -88,3 +88,9 @@ def test_verify_attention_triton_cuda_batch_invariant(benchmark, q_lens, kv_lens
         pytest.skip("the Triton kernel is timed on CUDA only (the interpreter is not a speed reference)")
     _run(benchmark, torch.device("cuda"), q_lens, kv_lens, "triton", torch.bfloat16, planned=True,
          batch_invariant=True)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "batch_invariant"])
+def test_verify_attention_triton_interpreted_smoke(benchmark, interpreted_smoke, batch_invariant):
+    _run(benchmark, interpreted_smoke, [3, 1], [20, 9], "triton", torch.float32, heads=(4, 2, 16),
+         planned=batch_invariant, batch_invariant=batch_invariant)
