@@ -169,3 +169,14 @@ def test_broken_model_is_a_clear_error_in_every_loop(tmp_path, drafter):
     d = make_drafter(broken)
     with pytest.raises(FloatingPointError, match="logits of request 0 are not finite"):
         speculative_generate(broken, d, [[1, 2]], 4, 3)
+
+
+def test_a_drafter_loaded_for_another_target_is_refused(tmp_path, target, drafter):
+    torch.manual_seed(1)
+    other = load_model(save_tiny_qwen3(tmp_path / "t", vocab_size=VOCAB, num_layers=2))
+    with pytest.raises(ValueError, match="loaded for another target"):
+        speculative_generate(other, drafter, [[1, 2]], 4, 3)
+    with pytest.raises(ValueError, match="loaded for another target"):
+        Engine(other, drafter, make_policy("fixed3"), flat_profile(64, 100.0), gamma=7, max_seq_len=64)
+    same_shape = load_model(save_tiny_qwen3(tmp_path / "s", vocab_size=VOCAB))  # another model of the same shape
+    assert len(speculative_generate(same_shape, drafter, [[1, 2]], 4, 3).tokens[0]) == 4

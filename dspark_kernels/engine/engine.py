@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, check_gamma
+from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
 from ..request_checks import check_prompts, stop_tokens
 from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
@@ -134,6 +134,7 @@ class Engine:
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
                  draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None) -> None:
         check_gamma(drafter, gamma)
+        check_drafter_target(drafter, target)
         if policy.replay_only:
             raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, check_gamma
+from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
 from ..request_checks import check_decode_args, check_prompts, stop_tokens
 from ..sampling import PromptSampling, Sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
@@ -117,6 +117,7 @@ def speculative_generate(
     a request drafts in a round); it is reset for this call."""
     check_decode_args(max_new_tokens, page_size)
     check_gamma(drafter, gamma)
+    check_drafter_target(drafter, target)
     if draft_length is not None and not isinstance(draft_length, AdaptiveDraftLength):
         raise TypeError(f"draft_length must be an AdaptiveDraftLength or None, got {type(draft_length).__name__}")
     if draft_length is not None and record_traces:

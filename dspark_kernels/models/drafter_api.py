@@ -12,8 +12,8 @@ import torch
 
 from .transformer import CausalLM
 
-__all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "check_gamma", "load_drafter",
-           "read_drafter_config", "load_drafter_weights", "save_drafter"]
+__all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "check_drafter_target", "check_gamma",
+           "load_drafter", "read_drafter_config", "load_drafter_weights", "save_drafter"]
 
 
 DraftContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -71,6 +71,20 @@ def check_gamma(drafter: object, gamma: object) -> None:
     if most is not None and gamma > most:
         raise ValueError(f"gamma must be <= {most} for this drafter ({type(drafter).__name__} drafts at most {most} "
                          f"tokens per round), got {gamma}")
+
+
+def check_drafter_target(drafter: object, target: CausalLM) -> None:
+    """A drafter bound to a target (its ``target`` attribute: the model whose embedding, LM head and RoPE it borrows
+    and whose layers' features it reads) must run with a target of the same shape; another instance of the same
+    model (e.g. one loaded with other GEMM dtypes) is fine, since the drafter only proposes tokens."""
+    bound = getattr(drafter, "target", None)
+    if bound is None or bound is target:
+        return
+    shape = (bound.config.vocab_size, bound.config.hidden_size, bound.config.num_hidden_layers)
+    here = (target.config.vocab_size, target.config.hidden_size, target.config.num_hidden_layers)
+    if shape != here:
+        raise ValueError(f"the drafter was loaded for another target (vocab, hidden size, layers = {shape}) than the "
+                         f"one it is run with ({here}): load it with load_drafter(path, target)")
 
 
 class NullDrafter:
