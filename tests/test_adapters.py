@@ -1,7 +1,7 @@
 """Engine-layout adapters (vLLM sampler layout, SGLang scheduler layout) and ``examples/engine_step.py``.
 
 * the vLLM adapter is our rejection sampler under vLLM's offsets and output conventions, bit for bit;
-* the SGLang scheduler adapter equals the ragged survival ops on dense blocks, plus the documented clamp;
+* the SGLang-style scheduler adapter equals the ragged survival ops on dense blocks, within its verify window;
 * the example engine step gives exactly the tokens of the library's own loop (T = 0 and seeded T = 1), and with a
   verify budget it still reproduces the target's greedy output.
 """
@@ -70,10 +70,17 @@ def test_sglang_schedule_topk_equals_ragged_ops():
         got = schedule_verify_lens_topk(conf, budget, position_temperatures=temps)
         assert torch.equal(got, select_verify_lengths_topk(a, cu, budget))
         assert int(got.sum()) == min(budget, bs * gamma)
-    clamped = schedule_verify_lens_topk(conf, 3, min_verify_len=1, max_len=4, position_temperatures=temps)
-    assert torch.equal(clamped, select_verify_lengths_topk(a, cu, 3).clamp(1, 4))
+    # a window: every request verifies its first draft; the budget buys slots 2..4 (positions 1..3), never more
+    window = a.view(bs, gamma)[:, 1:4].reshape(-1)
+    window_cu = torch.arange(bs + 1, dtype=torch.int32) * 3
+    for budget in (0, 3, 7, 50):
+        got = schedule_verify_lens_topk(conf, budget, min_verify_len=1, max_len=4, position_temperatures=temps)
+        assert torch.equal(got, select_verify_lengths_topk(window, window_cu, budget) + 1)
+        assert int(got.sum()) == bs + min(budget, bs * 3) and int(got.min()) >= 1 and int(got.max()) <= 4
     with pytest.raises(ValueError, match="min_verify_len"):
         schedule_verify_lens_topk(conf, 3, min_verify_len=5, max_len=4)
+    with pytest.raises(TypeError, match="budget"):
+        schedule_verify_lens_topk(conf, 2.5)
     with pytest.raises(ValueError, match="confidence_logits"):
         schedule_verify_lens_topk(conf.reshape(-1), 3)
 
@@ -93,8 +100,40 @@ def test_pack_verified_drafts():
     ids, cu, p = pack_verified_drafts(drafts, torch.tensor([2, 0, 4], dtype=torch.int32), probs)
     assert ids.tolist() == [0, 1, 8, 9, 10, 11] and cu.tolist() == [0, 2, 2, 6]
     assert torch.equal(p, torch.cat([probs[0, :2], probs[2]]))
-    with pytest.raises(ValueError, match="verify_lens"):
-        pack_verified_drafts(drafts, torch.tensor([1, 2]))
+    for lens, err, match in [(torch.tensor([1, 2]), ValueError, "verify_lens must have shape"),
+                             (torch.tensor([2, -1, 4]), ValueError, r"verify_lens must be in 0..gamma = 4"),
+                             (torch.tensor([2, 0, 6]), ValueError, r"verify_lens must be in 0..gamma = 4"),
+                             (torch.tensor([2.0, 0.0, 1.0]), TypeError, "verify_lens must have dtype")]:
+        with pytest.raises(err, match=match):
+            pack_verified_drafts(drafts, lens)
+    with pytest.raises(ValueError, match="draft_probs must have shape"):
+        pack_verified_drafts(drafts, torch.tensor([2, 0, 4]), probs[:, :3])
+
+
+def test_vllm_adapter_greedy_marker_and_bad_offsets():
+    """vLLM marks greedy requests with temperature -1 (or passes none for an all-greedy batch): both decode greedily,
+    like 0 here; bad offsets and noise inputs are clear errors before any noise is made."""
+    v, lens = 11, [2, 3]
+    cu_vllm = torch.tensor(lens).cumsum(0).to(torch.int32)
+    logits = torch.randn(sum(lens) + len(lens), v)
+    drafts = logits[[0, 1, 3, 4, 5]].argmax(-1).to(torch.int32)  # the greedy tokens: all accepted
+    seeds, offs = torch.tensor([1, 2]), torch.tensor([0, 0])
+    outs = [rejection_sample_vllm(drafts, cu_vllm, 3, None, logits, t, None, None, seeds, offs)[0]
+            for t in (torch.zeros(2), torch.full((2,), -1.0), None)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for change, err, match in [
+        (dict(cu_num_draft_tokens=torch.tensor([2, 4], dtype=torch.int32)), ValueError, r"cu_num_draft_tokens\[-1\]"),
+        (dict(cu_num_draft_tokens=torch.tensor([3, 2], dtype=torch.int32)), ValueError, "non-decreasing"),
+        (dict(cu_num_draft_tokens=torch.tensor([2.0, 5.0])), TypeError, "cu_num_draft_tokens must have dtype"),
+        (dict(max_spec_len=2), ValueError, "max_spec_len=2"),
+        (dict(seeds=torch.tensor([1, 2, 3])), ValueError, "seeds must have shape"),
+        (dict(offsets=torch.tensor([0.0, 0.0])), TypeError, "offsets must have dtype"),
+    ]:
+        kw = dict(draft_token_ids=drafts, cu_num_draft_tokens=cu_vllm, max_spec_len=3, draft_probs=None,
+                  logits=logits, temperature=torch.ones(2), top_k=None, top_p=None, seeds=seeds, offsets=offs)
+        kw.update(change)
+        with pytest.raises(err, match=match):
+            rejection_sample_vllm(**kw)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,15 @@
-"""SGLang's block-drafter layout for confidence-scheduled verification (its DSpark scheduler and verify window).
+"""A dense block-drafter layout for confidence-scheduled verification, as SGLang-style DSpark workers keep it.
 
-SGLang's DSpark worker keeps every request's draft block dense: ``draft_tokens [bs, gamma]``, confidences
-``[bs, gamma]``, and its ``schedule_verify_lens_topk`` turns cumulative confidences into one verify length per
-request, clamped to ``[min_verify_len, max_len]``, before building the ragged verify window. These adapters take that
-dense layout, run our ragged ops (:mod:`dspark_kernels.ops.survival`) on it with offsets ``arange(bs + 1) * gamma``
-(no host sync), and pack the admitted drafts into the flattened ``[N]`` + ``cu_num_draft_tokens [bs + 1]`` layout
-that verification takes.
+Such a worker keeps every request's draft block dense: ``draft_tokens [bs, gamma]`` and confidences ``[bs, gamma]``,
+turns them into one verify length per request and builds the ragged verify window from those. Upstream SGLang has no
+DSpark scheduler; a public fork's ``schedule_verify_lens_topk`` takes survival probabilities, counts the anchor in its
+lengths and spends its budget beyond a minimum length. These adapters take confidence LOGITS (calibrated here by the
+per-position temperatures), count DRAFTS in the lengths (the anchor is always verified, so add 1 for a length that
+counts it), and spend ``budget`` on the draft slots beyond ``min_verify_len`` (which every request verifies) up to
+``max_len``. They run our ragged ops (:mod:`dspark_kernels.ops.survival`) on the dense layout with offsets
+``arange(bs + 1) * width`` (no host sync when ``check_inputs=False`` and ``budget`` is a ``[1]`` device tensor; an int
+budget is copied to the device each call, which a CUDA graph would freeze), and :func:`pack_verified_drafts` packs the
+admitted drafts into the flattened ``[N]`` + ``cu_num_draft_tokens [bs + 1]`` layout that verification takes.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import prefix_survival, select_verify_lengths_alg1, select_verify_lengths_topk
+from ..ops._validate import INDEX_DTYPES, check_range, check_shape, check_tensor
 
 
 def _dense_offsets(conf: torch.Tensor) -> torch.Tensor:
@@ -22,11 +27,13 @@ def _dense_offsets(conf: torch.Tensor) -> torch.Tensor:
     return torch.arange(bs + 1, dtype=torch.int32, device=conf.device) * gamma
 
 
-def _clamp(lens: torch.Tensor, gamma: int, min_verify_len: int, max_len: int | None) -> torch.Tensor:
+def _window(gamma: int, min_verify_len: int, max_len: int | None) -> int:
+    """``max_len`` (default gamma) after checking ``0 <= min_verify_len <= max_len <= gamma``."""
     hi = gamma if max_len is None else max_len
-    if not 0 <= min_verify_len <= hi <= gamma:
-        raise ValueError(f"need 0 <= min_verify_len <= max_len <= gamma ({gamma}), got {min_verify_len}, {max_len}")
-    return lens.clamp(min_verify_len, hi)
+    if not (isinstance(min_verify_len, int) and isinstance(hi, int) and 0 <= min_verify_len <= hi <= gamma):
+        raise ValueError(f"need ints 0 <= min_verify_len <= max_len <= gamma ({gamma}), got {min_verify_len}, "
+                         f"{max_len}")
+    return hi
 
 
 def schedule_verify_lens_topk(
@@ -39,14 +46,22 @@ def schedule_verify_lens_topk(
     impl: str | None = None,
     check_inputs: bool = True,
 ) -> torch.Tensor:
-    """Verify lengths ``[bs]`` int32 from dense confidence logits ``[bs, gamma]``: the global top-``budget`` draft
-    slots by calibrated prefix survival (ties: lower position, then lower request), then clamped to
-    ``[min_verify_len, max_len]`` (``max_len`` defaults to gamma). ``budget`` may be a ``[1]`` device tensor."""
+    """Verify lengths ``[bs]`` int32 (drafts, not counting the anchor) from dense confidence logits ``[bs, gamma]``.
+
+    Every request verifies its first ``min_verify_len`` drafts; ``budget`` more draft slots go to the global top
+    slots by calibrated prefix survival among positions ``min_verify_len .. max_len - 1`` (``max_len`` defaults to
+    gamma; ties: lower position, then lower request). The total is ``bs * min_verify_len + min(budget, slots)``:
+    the budget is never exceeded. ``budget`` may be a ``[1]`` device tensor."""
     cu = _dense_offsets(confidence_logits)
+    bs, gamma = confidence_logits.shape
+    hi = _window(gamma, min_verify_len, max_len)
     a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
                         check_inputs=check_inputs)
-    lens = select_verify_lengths_topk(a, cu, budget, impl=impl, check_inputs=check_inputs)
-    return _clamp(lens, confidence_logits.shape[1], min_verify_len, max_len)
+    width = hi - min_verify_len  # the slots the budget may admit, each request's still in position order
+    window = a.view(bs, gamma)[:, min_verify_len:hi].reshape(-1)
+    extra = select_verify_lengths_topk(window, torch.arange(bs + 1, dtype=torch.int32, device=cu.device) * width,
+                                       budget, impl=impl, check_inputs=check_inputs)
+    return extra + min_verify_len
 
 
 def schedule_verify_lens_alg1(
@@ -66,17 +81,24 @@ def schedule_verify_lens_alg1(
 
 
 def pack_verified_drafts(
-    draft_tokens: torch.Tensor, verify_lens: torch.Tensor, draft_probs: torch.Tensor | None = None
+    draft_tokens: torch.Tensor, verify_lens: torch.Tensor, draft_probs: torch.Tensor | None = None, *,
+    check_inputs: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Dense drafts ``[bs, gamma]`` (and probs ``[bs, gamma, V]``) -> the first ``verify_lens[b]`` of each request,
     flattened: ``(draft_token_ids [N], cu_num_draft_tokens [bs + 1] int32, draft_probs [N, V] | None)``.
 
-    N is data-dependent (the one size an engine fixes by bucketing its verify batch); everything else stays on the
-    device.
+    N is data-dependent, so the gather is this step's one host synchronisation (an engine fixes N by bucketing its
+    verify batch); ``check_inputs`` (default) checks shapes, integer lengths in ``0..gamma`` and devices first.
     """
-    if draft_tokens.dim() != 2 or verify_lens.shape != draft_tokens.shape[:1]:
-        raise ValueError(f"need draft_tokens [bs, gamma] and verify_lens [bs], got {tuple(draft_tokens.shape)} and "
-                         f"{tuple(verify_lens.shape)}")
+    if check_inputs:
+        check_tensor("draft_tokens", draft_tokens, ndim=2, dtypes=INDEX_DTYPES)
+        bs, gamma = draft_tokens.shape
+        check_tensor("verify_lens", verify_lens, ndim=1, dtypes=INDEX_DTYPES, device=draft_tokens.device)
+        check_shape("verify_lens", verify_lens, (bs,))
+        check_range("verify_lens", verify_lens, (verify_lens >= 0) & (verify_lens <= gamma), f"in 0..gamma = {gamma}")
+        if draft_probs is not None:
+            check_tensor("draft_probs", draft_probs, ndim=3, dtypes=(torch.float32,), device=draft_tokens.device)
+            check_shape("draft_probs", draft_probs, (bs, gamma, None))
     gamma = draft_tokens.shape[1]
     lens = verify_lens.to(torch.int64)
     keep = torch.arange(gamma, device=draft_tokens.device)[None, :] < lens[:, None]

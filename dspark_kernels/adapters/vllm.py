@@ -1,4 +1,4 @@
-"""vLLM v1 layout for lossless verification: what ``RejectionSampler`` receives from the GPU model runner.
+"""vLLM v1 layout for lossless verification: the tensors vLLM's GPU model runner builds for a speculative step.
 
 vLLM's ``SpecDecodeMetadata`` (B requests, N drafts in all, S = ``max_spec_len``):
     draft_token_ids      [N] int32          drafts of every request, flattened in request order
@@ -7,8 +7,12 @@ vLLM's ``SpecDecodeMetadata`` (B requests, N drafts in all, S = ``max_spec_len``
     logits_indices       [N + B]            per request, its draft positions then its bonus position; the runner's
                                             ``logits = lm_head(hidden[logits_indices])`` is ``[N + B, V]`` in this order
 Our :func:`dspark_kernels.ops.rejection_sample` uses the same ragged order with offsets ``[B + 1]`` (leading zero)
-and samples the bonus token itself from the bonus rows, so the adapter only converts the offsets, makes the uniforms
-from per-request ``seeds``/``offsets`` tensors and returns vLLM's int32 output with ``-1`` placeholders.
+and samples the bonus token itself from the bonus rows, so :func:`rejection_sample_vllm` replaces both vLLM's
+``Sampler`` call for the bonus tokens and its ``RejectionSampler`` (which takes the N draft rows plus the bonus tokens
+already sampled): pass the ``[N + B, V]`` logits after the engine's penalties and logits processors. It converts the
+offsets, maps vLLM's greedy marker (temperature -1, or no temperature tensor for an all-greedy batch) to our 0, makes
+the uniforms from per-request ``seeds``/``offsets`` tensors and returns vLLM's int32 output with ``-1`` placeholders
+(``PLACEHOLDER_TOKEN_ID``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import rejection_sample
+from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
 from ..ops.rejection_sample import rejection_noise
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -23,8 +28,7 @@ PLACEHOLDER_TOKEN_ID = -1
 
 def offsets_from_vllm_cu(cu_num_draft_tokens: torch.Tensor) -> torch.Tensor:
     """vLLM's inclusive ``cu_num_draft_tokens [B]`` -> our offsets ``[B + 1]`` int32 (a zero prepended, same device)."""
-    if cu_num_draft_tokens.dim() != 1:
-        raise ValueError(f"cu_num_draft_tokens must be 1-D [B], got shape {tuple(cu_num_draft_tokens.shape)}")
+    check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1, dtypes=INDEX_DTYPES)
     zero = torch.zeros(1, dtype=torch.int32, device=cu_num_draft_tokens.device)
     return torch.cat([zero, cu_num_draft_tokens.to(torch.int32)])
 
@@ -35,7 +39,7 @@ def rejection_sample_vllm(
     max_spec_len: int,
     draft_probs: torch.Tensor | None,
     logits: torch.Tensor,
-    temperature: torch.Tensor,
+    temperature: torch.Tensor | None,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: torch.Tensor,
@@ -52,12 +56,34 @@ def rejection_sample_vllm(
         max_spec_len: S, the longest draft of the batch (a Python int from the scheduler, as in vLLM).
         draft_probs: ``[N, V]`` float32 drafter distributions, or None for deterministic drafts (n-gram, greedy).
         logits: ``[N + B, V]`` target logits gathered at vLLM's ``logits_indices`` (drafts then bonus per request).
-        temperature, top_k, top_p: ``[B]`` per-request sampling parameters (temperature 0 = greedy).
+        temperature: ``[B]`` float32, 0 or negative (vLLM's -1) = greedy; ``None`` = every request greedy (vLLM
+            passes no temperature tensor for an all-greedy batch).
+        top_k, top_p: ``[B]`` per-request filters or ``None``.
         seeds, offsets: ``[B]`` int64 per-request seed and step counter; the uniforms are derived from them on the
             device (:func:`dspark_kernels.ops.rejection_sample.rejection_noise`), so no generator state is involved.
     Output rows hold the accepted drafts, then the correction or bonus token, then ``-1``, as vLLM's sampler returns.
+    ``check_inputs`` (default) validates everything, the offsets and the noise's inputs first; ``False`` makes no host
+    sync.
     """
     cu = offsets_from_vllm_cu(cu_num_draft_tokens)
+    b = cu.shape[0] - 1
+    if check_inputs:
+        if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or max_spec_len < 0:
+            raise ValueError(f"max_spec_len must be an int >= 0, got {max_spec_len!r}")
+        check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INDEX_DTYPES, device=cu.device)
+        lens = check_cu_seqlens("cu_num_draft_tokens", cu, draft_token_ids.shape[0]).diff()
+        if b and int(lens.max()) > max_spec_len:
+            raise ValueError(f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got "
+                             f"{lens.tolist()}")
+        for name, t in (("seeds", seeds), ("offsets", offsets)):
+            check_tensor(name, t, ndim=1, dtypes=(torch.int64,), device=cu.device)
+            check_shape(name, t, (b,))
+    if temperature is None:
+        temperature = torch.zeros(b, dtype=torch.float32, device=cu.device)
+    elif check_inputs:
+        check_tensor("temperature", temperature, ndim=1, dtypes=(torch.float32,), device=cu.device)
+    # vLLM marks greedy requests with a negative temperature (its GREEDY_TEMPERATURE, -1); ours is 0
+    temperature = torch.where(temperature < 0, torch.zeros_like(temperature), temperature)
     # uniforms are always made (greedy rows ignore them), so the call has no data-dependent branch
     accept_u, sample_u = rejection_noise(seeds, offsets, cu, draft_token_ids.shape[0], max_spec_len=max_spec_len)
     res = rejection_sample(draft_token_ids, cu, draft_probs, logits, temperature, top_k, top_p, accept_u, sample_u,
