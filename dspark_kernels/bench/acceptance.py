@@ -37,6 +37,9 @@ def benchmark_prompts(tokenizer, corpus_dir: Path, domain: str, n: int, prompt_l
     rng = random.Random(seed)
     docs = [e.ids for e in tokenizer.encode_batch(read_split(corpus_dir, domain, DOMAIN_SPLITS[domain]))]
     docs = [d for d in docs if len(d) > prompt_len + 8]
+    if not docs:
+        raise ValueError(f"--prompt-len {prompt_len}: no {domain} document of the corpus's test split is longer than "
+                         f"{prompt_len + 8} tokens; use a shorter prompt length")
     prompts = []
     for _ in range(n):
         ids = rng.choice(docs)
