@@ -209,3 +209,14 @@ def test_sps_cli(tmp_path):
     proc = subprocess.run(cmd + ["--device", "cpu", "--warmup", "0", "--drafter", str(drafter)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and "--warmup must be >= 1" in proc.stderr
+    # bad values are usage errors before anything is measured or written
+    out = tmp_path / "bad"
+    for extra, message in [(["--device", "foo"], "--device must name a torch device"),
+                           (["--context", "5000"], "exceeds the target's max_position_embeddings (4096)"),
+                           (["--drafter", str(tmp_path / "nowhere")], "drafter checkpoint file missing"),
+                           (["--drafter", str(drafter), "--gamma", "17"], "gamma must be <= 16")]:
+        proc = subprocess.run([sys.executable, "-m", "dspark_kernels.engine.sps", "--out-dir", str(out), "--device",
+                               "cpu", "--max-batch", "2", "--context", "16", *extra], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert proc.returncode != 0 and message in proc.stderr, (extra, proc.stderr[-500:])
+    assert not out.exists()

@@ -48,3 +48,14 @@ def test_prompts_come_from_the_requested_split(tmp_path):
     assert len(prompts) == 6 and {d for _, d in prompts} == {0, 1}
     assert all(p[0] == 1 and 17 <= len(p) <= 33 for p, _ in prompts)
     assert prompts == sample_prompts(tok, corpus, "train", 6, max_prompt=32, seed=0)
+
+
+@pytest.mark.parametrize("argv,message", [(["--max-prompt", "5"], "--max-prompt must be >= 16"),
+                                          (["--num-prompts", "0"], "--num-prompts: must be an int >= 1"),
+                                          (["--batch-size", "-1"], "--batch-size: must be an int >= 1")])
+def test_rollouts_cli_bad_options(tmp_path, argv, message, capsys):
+    from dspark_kernels.train import rollouts
+
+    with pytest.raises(SystemExit):
+        rollouts.main(["--out", str(tmp_path / "ro"), *argv])
+    assert message in capsys.readouterr().err and not (tmp_path / "ro").exists()

@@ -83,3 +83,37 @@ def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra):
     if cli is block_cli:
         with pytest.raises(ValueError, match="--init.*shape"):
             run(f"{name}-rank4", "--steps", "1", "--init", str(base), arch=[*extra, "--rank", "4"])
+
+
+@pytest.mark.parametrize("cli,argv,message", [
+    (block_cli, ["--steps", "0"], "--steps: must be an int >= 1"),
+    (block_cli, ["--batch-size", "0"], "--batch-size: must be an int >= 1"),
+    (block_cli, ["--rank", "-4"], "--rank: must be an int >= 0"),
+    (block_cli, ["--gammas", "3", "0"], "--gammas: must be an int >= 1"),
+    (block_cli, ["--anchors", "0"], "--anchors: must be an int >= 1"),
+    (block_cli, ["--ckpt-every", "0"], "--ckpt-every: must be an int >= 1"),
+    (block_cli, ["--lr", "-1"], "--lr: must be a finite number >= 0"),
+    (chain_cli, ["--name", "foo"], "--name: invalid choice"),
+    (chain_cli, ["--ce-weight", "-1"], "--ce-weight: must be a finite number >= 0"),
+    (chain_cli, ["--positions", "-5"], "--positions: must be an int >= 0"),
+])
+def test_bad_options_are_usage_errors(setup, cli, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"), "--out",
+                  str(setup / "bad_out"), *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_run_time_checks_of_the_trainers(setup):
+    common = ["--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"), "--steps", "1"]
+    with pytest.raises(SystemExit, match="--batch-size 7 exceeds the 6 training rollouts"):
+        block_cli.main([*common, "--name", "dspark", "--out", str(setup / "bs_out"), "--work-dir",
+                        str(setup / "bs_run"), "--batch-size", "7"])
+    with pytest.raises(SystemExit, match="--ce-weight and --tv-weight are both 0"):
+        chain_cli.main([*common, "--out", str(setup / "w_out"), "--work-dir", str(setup / "w_run"), "--ce-weight",
+                        "0", "--tv-weight", "0", "--batch-size", "2"])
+    arch = ["--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2", "--batch-size", "2"]
+    run = ["--name", "dspark", "--out", str(setup / "r_out"), "--work-dir", str(setup / "r_run"), "--ckpt-every", "1"]
+    block_cli.main([*common, *run, *arch, "--rank", "8"])
+    with pytest.raises(SystemExit, match="--resume: .* was saved for another architecture"):
+        block_cli.main([*common[:-1], "2", *run, *arch, "--rank", "4", "--resume"])

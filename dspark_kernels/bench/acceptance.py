@@ -22,12 +22,13 @@ import random
 import time
 from pathlib import Path
 
+from ..cli_args import positive_int
 from ..engine.speculative import speculative_generate
 from ..models import load_model
 from ..models.drafter_api import load_drafter
 from ..train.corpus import read_split
 from ..train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
-from . import ASSETS, DRAFTERS, device_record, positive_int
+from . import ASSETS, DRAFTERS, device_record
 
 DOMAIN_SPLITS = {"code": "test", "prose": "test", "heldout": "test"}
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli_args import non_negative_int
 from ..demo import PROMPTS
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
@@ -40,7 +41,7 @@ from ..models import generate, load_model
 from ..models.drafter_api import load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
-from . import ASSETS, device_record, non_negative_int
+from . import ASSETS, device_record
 
 
 def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):

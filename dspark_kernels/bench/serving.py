@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cli_args import positive_float, positive_int
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -66,7 +67,7 @@ from ..models import load_model
 from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.calibration import load_mean_survival, load_temperatures
-from . import ASSETS, device_record, positive_float, positive_int
+from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
 REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)

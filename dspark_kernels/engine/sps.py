@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     from ..autotune.store import device_name
-    from ..models.drafter_api import load_drafter
+    from ..models.drafter_api import check_gamma, load_drafter
     from ..models.transformer import load_model
 
     default_target = Path(__file__).resolve().parent.parent / "assets" / "target"
@@ -393,13 +393,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--max-batch, --context, --tokens-per-request, --max-requests and --gamma must be >= 1")
     if args.drafter is not None and args.warmup < 1:
         p.error("--warmup must be >= 1 with --drafter (the first call of each size builds its contexts)")
-    device = torch.device(args.device)
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        p.error(f"--device must name a torch device (cuda, cuda:1, cpu), got {args.device!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         print("sps: no CUDA GPU visible; an SPS profile measures the target on the GPU it will serve on. "
               "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = load_model(args.target, dtype=dtype, device=device)
+    positions = model.config.max_position_embeddings
+    if positions is not None and args.context + args.tokens_per_request > positions:
+        p.error(f"--context {args.context} + --tokens-per-request {args.tokens_per_request} exceeds the target's "
+                f"max_position_embeddings ({positions})")
+    drafter = None
+    if args.drafter is not None:  # loaded (and checked) before anything is measured or written
+        drafter = load_drafter(args.drafter, model, dtype=dtype)
+        check_gamma(drafter, args.gamma)
     step = target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
     name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
     sync = _default_sync if device.type == "cuda" else (lambda: None)
@@ -411,8 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in sorted({1, 8, 16, 32, 64, 128, 256, args.max_batch}):
         if b <= args.max_batch:
             print(f"  B={b:4d}  {rates[b - 1]:10.1f} steps/s  {rates[b - 1] * b:12.0f} tokens/s")
-    if args.drafter is not None:
-        drafter = load_drafter(args.drafter, model, dtype=dtype)
+    if drafter is not None:
         rounds = profile_drafter(model, drafter, args.max_requests, device=name,
                                  model=f"{args.model}+{args.drafter.name}-rounds", context=args.context,
                                  gamma=args.gamma, warmup=args.warmup, repeats=args.repeats, sync=sync)

@@ -76,6 +76,8 @@ class DrafterConfig:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {self.gamma}")
         if self.head_kind not in HEAD_KINDS:
             raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
+        if not 0 <= self.markov_rank <= target.vocab_size:
+            raise ValueError(f"markov_rank must be in 0..vocab_size ({target.vocab_size}), got {self.markov_rank}")
         if (self.head_kind == "none") != (self.markov_rank == 0):
             raise ValueError(f"markov_rank 0 goes with head_kind 'none' (pure DFlash); got {self.markov_rank}, "
                              f"{self.head_kind!r}")

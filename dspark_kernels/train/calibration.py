@@ -47,6 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..cli_args import positive_int
+
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrationMetrics",
@@ -441,10 +443,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
     p.add_argument("--gamma", type=int, default=15)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--num-prompts", type=int, default=2048,
+    p.add_argument("--num-prompts", type=positive_int, default=2048,
                    help="held-out prompts to decode (all of them when fewer); the ECE floor shrinks as 1/sqrt(rounds)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--bins", type=int, default=ECE_BINS)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--bins", type=positive_int, default=ECE_BINS)
     p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     run(p.parse_args(argv))

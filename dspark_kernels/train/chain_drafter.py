@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..cli_args import non_negative_float, non_negative_int
 from ..models import CausalLM, load_model
 from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
 from .drafter_data import target_outputs
-from .loop import add_optimiser_arguments, add_training_arguments, run_training, training_main
+from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import Rollouts, load_rollouts
 
 DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
@@ -105,6 +106,9 @@ def train(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     target = load_model(args.target)
     rollouts = load_rollouts(args.rollouts, "train")
+    check_batch_size(args.batch_size, len(rollouts), args.rollouts)
+    if args.ce_weight + args.tv_weight == 0:
+        raise SystemExit("error: --ce-weight and --tv-weight are both 0: the loss would be 0 and nothing trained")
     unroll = args.steps_unroll or DEFAULT_STEPS.get(args.name, 4)
     cfg = ChainDrafterConfig(feature_layer=args.feature_layer, vocab_size=target.config.vocab_size,
                              hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name)
@@ -112,7 +116,7 @@ def train(args: argparse.Namespace) -> dict:
     order = list(range(len(rollouts)))
 
     def loss_fn():
-        batch = make_chain_batch(target, rollouts, rng.sample(order, min(args.batch_size, len(order))),
+        batch = make_chain_batch(target, rollouts, rng.sample(order, args.batch_size),
                                  drafter.config.feature_layer)
         parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight), positions=args.positions)
         return parts.total, {"ce": parts.ce, "l1": parts.l1, "l1_by_step": parts.per_step_l1}
@@ -122,13 +126,15 @@ def train(args: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--name", default="eagle", help="eagle (chain, unrolled) or mtp1 (one step)")
-    p.add_argument("--steps-unroll", type=int, default=0, help="chain steps trained (default: eagle 4, mtp1 1)")
+    p.add_argument("--name", choices=("eagle", "mtp1"), default="eagle",
+                   help="eagle (chain, unrolled) or mtp1 (one step)")
+    p.add_argument("--steps-unroll", type=non_negative_int, default=0,
+                   help="chain steps trained (default: eagle 4, mtp1 1)")
     p.add_argument("--feature-layer", type=int, default=-1, help="target layer (-1 = last non-final layer)")
-    p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--tv-weight", type=float, default=0.9)
+    p.add_argument("--ce-weight", type=non_negative_float, default=0.1)
+    p.add_argument("--tv-weight", type=non_negative_float, default=0.9)
     add_training_arguments(p)
-    p.add_argument("--positions", type=int, default=128,
+    p.add_argument("--positions", type=non_negative_int, default=128,
                    help="supervised positions sampled per sequence and step (0 = all; bounds the logits' memory)")
     add_optimiser_arguments(p)
     return p

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..cli_args import non_negative_int, positive_int
 from ..models import load_model
 from ..models.drafter import BlockDrafter, DrafterConfig
 from .drafter_data import DrafterBatch, make_batch
-from .loop import add_optimiser_arguments, add_training_arguments, run_training, training_main
+from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import load_rollouts
 from .tokenizer import MASK_ID
 
@@ -75,6 +76,7 @@ def train(args: argparse.Namespace) -> dict:
     rng = random.Random(args.seed)
     target = load_model(args.target)
     rollouts = load_rollouts(args.rollouts, "train")
+    check_batch_size(args.batch_size, len(rollouts), args.rollouts)
     cfg = DrafterConfig(
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,
         vocab_size=target.config.vocab_size, hidden_size=target.config.hidden_size, num_layers=args.layers,
@@ -98,13 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="dspark")
     p.add_argument("--loss", choices=sorted(LOSS_WEIGHTS), default="dspark")
     p.add_argument("--head", choices=("vanilla", "gated", "rnn"), default="vanilla")
-    p.add_argument("--rank", type=int, default=64, help="Markov rank (0 = pure DFlash)")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--rank", type=non_negative_int, default=64, help="Markov rank (0 = pure DFlash)")
+    p.add_argument("--layers", type=positive_int, default=2)
     p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4])
     p.add_argument("--mask-token-id", type=int, default=MASK_ID)
-    p.add_argument("--gammas", type=int, nargs="+", default=[7, 15])
+    p.add_argument("--gammas", type=positive_int, nargs="+", default=[7, 15])
     add_training_arguments(p)
-    p.add_argument("--anchors", type=int, default=32)
+    p.add_argument("--anchors", type=positive_int, default=32)
     add_optimiser_arguments(p)
     return p
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..cli_args import non_negative_float, positive_int
+
 
 def lr_at(step: int, max_steps: int, lr: float) -> float:
     """Linear warmup over the first 4% of the steps, then cosine decay to 0."""
@@ -38,7 +40,11 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     ckpt_path, step, start = work / "checkpoint.pt", 0, time.time()
     if args.resume and ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        drafter.load_state_dict(ckpt["model"])
+        try:
+            drafter.load_state_dict(ckpt["model"])
+        except RuntimeError as e:  # torch lists every mismatched tensor; the first line says what kind
+            raise SystemExit(f"error: --resume: {ckpt_path} was saved for another architecture (is --rank / --layers "
+                             f"/ --head the saved run's?): {str(e).splitlines()[0]}") from None
         opt.load_state_dict(ckpt["opt"])
         step = ckpt["step"]
         rng.setstate(ckpt["rng"])
@@ -69,6 +75,13 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     return summary
 
 
+def check_batch_size(batch_size: int, num_rollouts: int, rollouts_dir: Path) -> None:
+    """Each step samples ``batch_size`` distinct rollouts: refuse a batch larger than the training rollouts."""
+    if batch_size > num_rollouts:
+        raise SystemExit(f"error: --batch-size {batch_size} exceeds the {num_rollouts} training rollouts under "
+                         f"{rollouts_dir}")
+
+
 def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
     """Fill ``drafter`` (in training mode, its own dtype) from ``init_dir/model.safetensors``, a directory that a
     trainer saved for the same architecture; clear errors for missing, extra or mis-shaped tensors."""
@@ -95,13 +108,13 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
     p.add_argument("--work-dir", type=Path, default=None, help="default: data/drafter_runs/<name>")
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=positive_int, default=600)
+    p.add_argument("--batch-size", type=positive_int, default=8)
 
 
 def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--lr", type=non_negative_float, default=1e-3)
+    p.add_argument("--ckpt-every", type=positive_int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--init", type=Path, default=None,

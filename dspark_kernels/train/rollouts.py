@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli_args import positive_int
 from ..models import generate, load_model
 from .corpus import read_split
 from .tokenizer import BOS_ID, EOS_ID, TRAIN_DOMAINS, load_tokenizer
@@ -134,13 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--out", type=Path, default=Path("data/rollouts"))
     p.add_argument("--split", choices=sorted(SPLIT_SOURCES), default="train")
-    p.add_argument("--num-prompts", type=int, default=512)
-    p.add_argument("--max-prompt", type=int, default=96)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--num-prompts", type=positive_int, default=512)
+    p.add_argument("--max-prompt", type=positive_int, default=96, help="longest prompt window (>= 16 tokens)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0])
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.max_prompt < 16:
+        p.error(f"--max-prompt must be >= 16 (prompt windows are 16..max-prompt tokens), got {args.max_prompt}")
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model)
     prompts = sample_prompts(tokenizer, args.corpus, args.split, args.num_prompts, args.max_prompt, args.seed)
