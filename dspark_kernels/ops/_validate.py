@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..reference._paged_attention import PlannedCall
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -123,6 +125,29 @@ def check_paged_requests(
             raise ValueError(f"page_table[{i}, {j}] must be a page id in [0, {num_pages}) (request {i} reads "
                              f"{int(n[i])} cached tokens: its first {int(pages[i])} pages), got {int(pt[i, j])}")
     return cu, n
+
+
+def check_paged_attention(q: object, k_cache: object, v_cache: object, page_table: object, cu_seqlens_q: object,
+                          lens: object, lens_name: str, sm_scale: object, max_seqlen_q: object,
+                          plan: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """What both paged attention ops check (each adds its own): ``q [total_q, Hq, D]`` float, the paged
+    ``k_cache``/``v_cache [num_pages, page_size, Hkv, D]`` in its dtype and on its device, the head dims, the request
+    layout (:func:`check_paged_requests`, ``lens`` named ``lens_name``), ``sm_scale`` and ``max_seqlen_q``
+    (:func:`check_attention_call`), and that a reference plan was made for these lengths and page table. Returns host
+    int64 ``q_lens [R]`` and ``lens [R]``."""
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    dev = q.device
+    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_head_dims(q, k_cache)
+    cu, n = check_paged_requests(lens_name, lens, page_table, cu_seqlens_q, q.shape[0], k_cache.shape[1],
+                                 k_cache.shape[0], dev)
+    q_lens = cu[1:] - cu[:-1]
+    check_attention_call(sm_scale, max_seqlen_q, q_lens)
+    if isinstance(plan, PlannedCall):
+        plan.check_made_for(q_lens.tolist(), n.tolist(), page_table)
+    return q_lens, n
 
 
 def check_attention_call(sm_scale: object, max_seqlen_q: object, q_lens: torch.Tensor) -> None:

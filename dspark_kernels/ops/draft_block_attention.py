@@ -28,15 +28,7 @@ from ..reference.draft_block_attention import plan_draft_block_attention as _pla
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._layout import unit_inner_stride
-from ._validate import (
-    FLOAT_DTYPES,
-    check_attention_call,
-    check_head_dims,
-    check_paged_requests,
-    check_plan_args,
-    check_shape,
-    check_tensor,
-)
+from ._validate import check_paged_attention, check_plan_args, check_shape, check_tensor
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton", "plan_draft_block_attention"]
 
@@ -157,23 +149,12 @@ def draft_block_attention_triton(
 
 def _validate(q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, sm_scale, max_seqlen_q,
               plan) -> None:
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    dev = q.device
-    for name, t in (("k_block", k_block), ("v_block", v_block), ("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, dtypes=(q.dtype,), device=dev)
-    check_tensor("k_cache", k_cache, ndim=4)
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_head_dims(q, k_cache)
+    check_paged_attention(q, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens, "ctx_lens", sm_scale, max_seqlen_q,
+                          plan)
     total_q, _, d = q.shape
-    hkv = k_cache.shape[2]
-    check_shape("k_block", k_block, (total_q, hkv, d))
-    check_shape("v_block", v_block, (total_q, hkv, d))
-    cu, lens = check_paged_requests("ctx_lens", ctx_lens, page_table, cu_seqlens_q, total_q, k_cache.shape[1],
-                                    k_cache.shape[0], dev)
-    q_lens = cu[1:] - cu[:-1]
-    check_attention_call(sm_scale, max_seqlen_q, q_lens)
-    if plan is not None:
-        plan.check_made_for(q_lens.tolist(), lens.tolist(), page_table)
+    for name, t in (("k_block", k_block), ("v_block", v_block)):  # the blocks' own keys/values, the rows of q
+        check_tensor(name, t, dtypes=(q.dtype,), device=q.device)
+        check_shape(name, t, (total_q, k_cache.shape[2], d))
 
 
 def draft_block_attention(

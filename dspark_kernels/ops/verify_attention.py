@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
-from ..reference._paged_attention import AttentionPlan, PlannedCall
+from ..reference._paged_attention import AttentionPlan
 from ..reference.batch_invariant_attention import (
     BatchInvariantPlan,
     batch_invariant_attention,
@@ -35,34 +35,16 @@ from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._layout import unit_inner_stride
-from ._validate import (
-    FLOAT_DTYPES,
-    check_attention_call,
-    check_head_dims,
-    check_paged_requests,
-    check_plan_args,
-    check_shape,
-    check_tensor,
-)
+from ._validate import check_paged_attention, check_plan_args
 
 __all__ = ["PINNED_LAUNCH", "PinnedLaunch", "plan_verify_attention", "verify_attention", "verify_attention_triton"]
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, sm_scale, max_seqlen_q, plan) -> None:
-    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
-    dev = q.device
-    check_tensor("k_cache", k_cache, ndim=4, dtypes=(q.dtype,), device=dev)
-    check_tensor("v_cache", v_cache, ndim=4, dtypes=(q.dtype,), device=dev)
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_head_dims(q, k_cache)
-    cu, lens = check_paged_requests("seq_lens", seq_lens, page_table, cu_seqlens_q, q.shape[0], k_cache.shape[1],
-                                    k_cache.shape[0], dev)
-    q_lens = cu[1:] - cu[:-1]
+    q_lens, lens = check_paged_attention(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, "seq_lens",
+                                         sm_scale, max_seqlen_q, plan)
     if bool((lens < q_lens).any()):
         raise ValueError(f"seq_lens must be >= each request's query length {q_lens.tolist()}, got {lens.tolist()}")
-    check_attention_call(sm_scale, max_seqlen_q, q_lens)
-    if isinstance(plan, PlannedCall):
-        plan.check_made_for(q_lens.tolist(), lens.tolist(), page_table)
 
 
 def verify_attention(
