@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import rejection_sample
-from ..ops._validate import INDEX_DTYPES, check_cu_seqlens, check_shape, check_tensor
+from ..ops._validate import INDEX_DTYPES, check_draft_offsets, check_shape, check_tensor
 from ..ops.rejection_sample import rejection_noise
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -67,14 +67,8 @@ def rejection_sample_vllm(
     """
     cu = offsets_from_vllm_cu(cu_num_draft_tokens)
     b = cu.shape[0] - 1
-    if check_inputs:
-        if isinstance(max_spec_len, bool) or not isinstance(max_spec_len, int) or max_spec_len < 0:
-            raise ValueError(f"max_spec_len must be an int >= 0, got {max_spec_len!r}")
-        check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INDEX_DTYPES, device=cu.device)
-        lens = check_cu_seqlens("cu_num_draft_tokens", cu, draft_token_ids.shape[0]).diff()
-        if b and int(lens.max()) > max_spec_len:
-            raise ValueError(f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got "
-                             f"{lens.tolist()}")
+    if check_inputs:  # the noise below reads the offsets and seeds: check them before it is made
+        check_draft_offsets(draft_token_ids, cu, max_spec_len, cu.device)
         for name, t in (("seeds", seeds), ("offsets", offsets)):
             check_tensor(name, t, ndim=1, dtypes=(torch.int64,), device=cu.device)
             check_shape(name, t, (b,))

@@ -70,6 +70,23 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int) -> torch.Tensor:
     return c
 
 
+def check_draft_offsets(draft_token_ids: object, cu_num_draft_tokens: object, max_spec_len: object,
+                        device: torch.device) -> torch.Tensor:
+    """Flattened drafts ``[N]`` of R requests with offsets ``[R + 1]`` (integer tensors on ``device``), each request's
+    draft at most ``max_spec_len`` (an int >= 0) long. Returns the host int64 draft lengths ``[R]``."""
+    check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1, dtypes=INDEX_DTYPES, device=device)
+    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or max_spec_len < 0:
+        raise ValueError(f"max_spec_len must be an int >= 0, got {max_spec_len!r}")
+    cu = check_cu_seqlens("cu_num_draft_tokens", cu_num_draft_tokens, draft_token_ids.shape[0])
+    lens = cu[1:] - cu[:-1]
+    if lens.numel() and int(lens.max()) > max_spec_len:
+        raise ValueError(
+            f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got {lens.tolist()}"
+        )
+    return lens
+
+
 def check_sampling_params(
     temperature: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None, r: int, device: torch.device
 ) -> None:

@@ -52,8 +52,7 @@ from ._dispatch import resolve_impl
 from ._sampling import cdf_scan_step, filter_row, row_stats_step
 from ._validate import (
     FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_cu_seqlens,
+    check_draft_offsets,
     check_finite,
     check_range,
     check_sampling_params,
@@ -286,17 +285,8 @@ def _validate(
 ) -> None:
     check_tensor("target_logits", target_logits, ndim=2, dtypes=FLOAT_DTYPES)
     dev = target_logits.device
-    check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INDEX_DTYPES, device=dev)
-    check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
-    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or max_spec_len < 0:
-        raise ValueError(f"max_spec_len must be an int >= 0, got {max_spec_len!r}")
+    lens = check_draft_offsets(draft_token_ids, cu_num_draft_tokens, max_spec_len, dev)
     n, r = draft_token_ids.shape[0], cu_num_draft_tokens.shape[0] - 1
-    cu = check_cu_seqlens("cu_num_draft_tokens", cu_num_draft_tokens, n)
-    lens = cu[1:] - cu[:-1]
-    if r > 0 and int(lens.max()) > max_spec_len:
-        raise ValueError(
-            f"cu_num_draft_tokens: draft lengths must be <= max_spec_len={max_spec_len}, got {lens.tolist()}"
-        )
     v = target_logits.shape[1]
     check_shape("target_logits", target_logits, (n + r, None))
     if v < 1:
