@@ -6,6 +6,7 @@ step samples from. Every failure names the argument and what was expected.
 * :func:`check_prompts`: copies of the prompts as lists of token ids, each non-empty, every id an int in
   ``[0, vocab_size)``, and prompt + new tokens within the model's positions;
 * :func:`stop_tokens`: an EOS argument (``None``, one id or several) as a set of ids in the vocabulary;
+* :func:`check_requests`: both of them against a model's config;
 * :func:`check_step_logits`: the rows a step samples from have a finite maximum (a NaN or +inf logit, or a row of
   -inf, would otherwise become a token silently).
 """
@@ -18,15 +19,17 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-__all__ = ["check_decode_args", "check_prompts", "check_step_logits", "stop_tokens"]
+from .models.config import ModelConfig
+from .sampling import as_int
+
+__all__ = ["check_decode_args", "check_prompts", "check_requests", "check_step_logits", "stop_tokens"]
 
 
 def _token_id(name: str, t: object, vocab_size: int) -> int:
-    if isinstance(t, bool) or not isinstance(t, numbers.Integral):
-        raise TypeError(f"{name} must be an int token id, got {t!r} ({type(t).__name__})")
-    if not 0 <= int(t) < vocab_size:
-        raise ValueError(f"{name} must be a token id in [0, {vocab_size}), got {int(t)}")
-    return int(t)
+    value = as_int(name, t, -2**63)
+    if not 0 <= value < vocab_size:
+        raise ValueError(f"{name} must be a token id in [0, {vocab_size}), got {value}")
+    return value
 
 
 def check_decode_args(max_new_tokens: object, page_size: object) -> None:
@@ -35,6 +38,13 @@ def check_decode_args(max_new_tokens: object, page_size: object) -> None:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
+
+
+def check_requests(config: ModelConfig, prompts: Iterable[Sequence[int]], max_new_tokens: int,
+                   eos_token_id: object) -> tuple[list[list[int]], frozenset[int]]:
+    """:func:`check_prompts` and :func:`stop_tokens` against a model's config (its vocabulary and positions)."""
+    return (check_prompts(prompts, config.vocab_size, max_new_tokens, config.max_position_embeddings),
+            stop_tokens(eos_token_id, config.vocab_size))
 
 
 def check_prompts(prompts: Iterable[Sequence[int]], vocab_size: int, max_new_tokens: int,

@@ -39,7 +39,7 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
-from ..request_checks import check_prompts, stop_tokens
+from ..request_checks import check_requests
 from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .policies import Policy
@@ -171,9 +171,7 @@ class Engine:
         several (e.g. ``target.config.eos_token_ids``)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-        cfg = self.target.config
-        prompt = check_prompts([prompt], cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)[0]
-        stop = stop_tokens(eos, cfg.vocab_size)
+        (prompt,), stop = check_requests(self.target.config, [prompt], max_new_tokens, eos)
         check_sampling(temperature, top_k, top_p)
         seed = int(torch.randint(0, INT32_MAX, ()).item()) if seed is None else as_int("seed", seed, -2**63)
         need = len(prompt) + max_new_tokens + self.gamma + 1

@@ -32,7 +32,7 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
-from ..request_checks import check_decode_args, check_prompts, stop_tokens
+from ..request_checks import check_decode_args, check_requests
 from ..sampling import PromptSampling, Sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .draft_length import AdaptiveDraftLength
@@ -122,9 +122,7 @@ def speculative_generate(
         raise TypeError(f"draft_length must be an AdaptiveDraftLength or None, got {type(draft_length).__name__}")
     if draft_length is not None and record_traces:
         raise ValueError("record_traces needs a fixed draft length (draft_length=None): traces are [rounds, gamma]")
-    cfg = target.config
-    prompts = check_prompts(prompts, cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)
-    eos = stop_tokens(eos_token_id, cfg.vocab_size)
+    prompts, eos = check_requests(target.config, prompts, max_new_tokens, eos_token_id)
     n, dev = len(prompts), target.device
     params = PromptSampling(temperature, top_k, top_p, seeds, n)
 

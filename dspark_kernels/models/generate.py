@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..reference._sampling import argmax_rows
-from ..request_checks import check_decode_args, check_prompts, check_step_logits, stop_tokens
+from ..request_checks import check_decode_args, check_requests, check_step_logits
 from ..sampling import PromptSampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
@@ -90,10 +90,8 @@ def generate(
         :class:`GenerateResult`.
     """
     check_decode_args(max_new_tokens, page_size)
-    cfg = model.config
-    prompts = check_prompts(prompts, cfg.vocab_size, max_new_tokens, cfg.max_position_embeddings)
+    prompts, eos = check_requests(model.config, prompts, max_new_tokens, eos_token_id)
     n = len(prompts)
-    eos = stop_tokens(eos_token_id, cfg.vocab_size)
     dev = model.device
     sampler = PromptSampling(temperature, top_k, top_p, seeds, n)
     out: list[list[int]] = [[] for _ in range(n)]
