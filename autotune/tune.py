@@ -409,6 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = sorted(set(ops) - set(OPS))
     if unknown:
         p.error(f"unknown op(s) {unknown}; choose from {list(OPS)}")
+    if not ops:
+        p.error(f"--ops names no op; choose from {list(OPS)}")
     if not torch.cuda.is_available():
         print("autotune: no CUDA GPU visible (torch.cuda.is_available() is False); launch configs can only be "
               "tuned on a GPU. Nothing was written.", file=sys.stderr)

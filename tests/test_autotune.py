@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dspark_kernels.autotune import store
-from dspark_kernels.autotune.tune import Trial, evaluate, forced_config, grid, merge_store, pick
+from dspark_kernels.autotune.tune import Trial, evaluate, forced_config, grid, main, merge_store, pick
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULTS = {"BLOCK_M": 16, "num_warps": 4}
@@ -173,6 +173,13 @@ def test_cli_rejects_unknown_op():
     proc = subprocess.run([sys.executable, "-m", "dspark_kernels.autotune", "--ops", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown op" in proc.stderr
+
+
+@pytest.mark.parametrize("ops", ["", " , "])
+def test_cli_rejects_an_empty_op_list(ops, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--ops", ops])
+    assert exc.value.code == 2 and "--ops names no op" in capsys.readouterr().err
 
 
 def test_gpu_check_script_syntax():

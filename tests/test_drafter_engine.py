@@ -205,7 +205,7 @@ def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
         BlockDrafter(DrafterConfig(**{**cfg.__dict__, "vocab_size": VOCAB + 1}), target)
     with pytest.raises(ValueError, match="hidden_size"):
         BlockDrafter(DrafterConfig(**{**cfg.__dict__, "hidden_size": 32}), target)
-    for layers in ((3,), (), (-1,), (99,), (0, 3)):
+    for layers in ((3,), (), (-1,), (99,), (0, 3), (1, 1)):
         with pytest.raises(ValueError, match="feature_layers"):
             BlockDrafter(DrafterConfig(**{**cfg.__dict__, "feature_layers": layers}), target)
     with pytest.raises(ValueError, match="gamma"):

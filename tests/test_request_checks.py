@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from dspark_kernels.engine._common import finish_reason
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import make_policy
 from dspark_kernels.engine.speculative import speculative_generate
@@ -134,6 +135,16 @@ def test_engine_requests_are_checked(target, drafter):
     limit = target.config.max_position_embeddings
     with pytest.raises(ValueError, match="max_seq_len .* exceeds the target's max_position_embeddings"):
         Engine(target, drafter, make_policy("fixed3"), flat_profile(64, 100.0), gamma=7, max_seq_len=limit + 9)
+    for name in ("page_size", "max_batch", "max_seq_len"):  # True is not the int 1
+        with pytest.raises(ValueError, match=f"{name} must be an int >= 1, got True"):
+            Engine(target, drafter, make_policy("fixed3"), flat_profile(64, 100.0), gamma=7, **{name: True})
+    with pytest.raises(ValueError, match="concurrency must be an int"):
+        run_closed_loop(engine, [[1], [2]], True, 4)
+
+
+def test_finish_reason_takes_numpy_stop_ids():
+    tokens = [5, 6, 2, 7]
+    assert finish_reason(tokens, 10, np.int64(2)) == "eos" and tokens == [5, 6, 2]
 
 
 def test_gamma_beyond_the_drafter_is_refused_before_decoding(target, drafter):

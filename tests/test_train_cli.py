@@ -36,12 +36,14 @@ def setup(tmp_path_factory):
     ("eagle", chain_cli, ["--steps-unroll", "2"]),
     ("mtp1", chain_cli, []),
 ])
-def test_train_resume_save_load(setup, name, cli, extra):
+def test_train_resume_save_load(setup, name, cli, extra, capsys):
     common = ["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
               "--work-dir", str(setup / "runs" / name), "--out", str(setup / "out" / name), "--batch-size", "2",
               "--ckpt-every", "1", *extra]
-    cli.main(common + ["--steps", "2"])
+    cli.main(common + ["--steps", "2", "--resume"])  # nothing to resume yet: starts at step 0 and says so
+    assert "--resume: no checkpoint at" in capsys.readouterr().err
     cli.main(common + ["--steps", "3", "--resume"])
+    assert "no checkpoint" not in capsys.readouterr().err
     log = [json.loads(line) for line in (setup / "runs" / name / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3]  # resumed at step 2, did one more
     summary = json.loads((setup / "out" / name / "train_summary.json").read_text())

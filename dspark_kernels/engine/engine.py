@@ -138,7 +138,7 @@ class Engine:
         if policy.replay_only:
             raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         from .sps import SPSProfile  # at call time: importing the package must not import sps (see above)
 
@@ -313,7 +313,7 @@ def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrenc
     :meth:`Engine.metrics` plus ``elapsed_s``,
     ``system_tps`` (new tokens / wall time), ``per_user_tps`` (list, one per request), ``concurrency``, and
     ``rids`` (the engine ids, in prompt order)."""
-    if not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
         raise ValueError(f"concurrency must be an int in [1, max_batch = {engine.max_batch}], got {concurrency!r}")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):

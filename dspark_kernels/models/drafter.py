@@ -88,6 +88,8 @@ class DrafterConfig:
                              f"{target.hidden_size}")
         if not self.feature_layers:
             raise ValueError("feature_layers must name at least one target layer")
+        if len(set(self.feature_layers)) != len(self.feature_layers):
+            raise ValueError(f"feature_layers must name distinct target layers, got {list(self.feature_layers)}")
         for layer in self.feature_layers:
             if not 0 <= layer < target.num_hidden_layers - 1:
                 raise ValueError(

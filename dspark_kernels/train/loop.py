@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,8 +49,11 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
         opt.load_state_dict(ckpt["opt"])
         step = ckpt["step"]
         rng.setstate(ckpt["rng"])
-    elif args.init is not None:
-        load_initial_weights(drafter, args.init)
+    else:
+        if args.resume:
+            print(f"--resume: no checkpoint at {ckpt_path}; starting from step 0", file=sys.stderr)
+        if args.init is not None:
+            load_initial_weights(drafter, args.init)
     with open(work / "log.jsonl", "a") as log, tqdm(total=args.steps, initial=step, desc=args.name,
                                                     dynamic_ncols=True) as bar:
         while step < args.steps:
@@ -116,7 +120,8 @@ def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=non_negative_float, default=1e-3)
     p.add_argument("--ckpt-every", type=positive_int, default=50)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from work_dir/checkpoint.pt (starts from step 0, with a notice, if there is none)")
     p.add_argument("--init", type=Path, default=None,
                    help="start from a saved drafter directory's weights (fine-tuning; ignored when resuming)")
 
