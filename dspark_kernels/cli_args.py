@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["non_negative_float", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["missing_inputs_are_usage_errors", "non_negative_float", "non_negative_int", "positive_float",
+           "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -38,3 +41,13 @@ def non_negative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
     return value
+
+
+@contextmanager
+def missing_inputs_are_usage_errors(parser: argparse.ArgumentParser) -> Iterator[None]:
+    """A missing input file or directory inside the block (``FileNotFoundError``, whose message names it and what to
+    run to make it) ends the tool as ``parser``'s usage error, status 2, instead of a traceback."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        parser.error(str(e))

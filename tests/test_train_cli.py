@@ -119,3 +119,26 @@ def test_run_time_checks_of_the_trainers(setup):
     block_cli.main([*common, *run, *arch, "--rank", "8"])
     with pytest.raises(SystemExit, match="--resume: .* was saved for another architecture"):
         block_cli.main([*common[:-1], "2", *run, *arch, "--rank", "4", "--resume"])
+
+
+def test_missing_inputs_are_usage_errors(setup, tmp_path, capsys, monkeypatch):
+    """A missing target, rollouts directory or drafter ends the tools with a usage error naming it (status 2)."""
+    from dspark_kernels.bench.__main__ import main as bench_main
+    from dspark_kernels.train import calibration
+
+    missing = str(tmp_path / "nope")
+    runs = [
+        (block_cli.main, ["--target", str(setup / "target"), "--rollouts", missing, "--out", missing],
+         "no train rollouts under"),
+        (chain_cli.main, ["--target", missing, "--rollouts", str(setup / "rollouts"), "--out", missing],
+         "checkpoint directory not found"),
+        (calibration.main, ["--model", str(setup / "target"), "--drafter", missing], "drafter checkpoint file missing"),
+    ]
+    for main, argv, message in runs:
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    monkeypatch.setattr("sys.argv", ["bench", "acceptance", "--drafter-dir", missing, "--num-prompts", "1"])
+    with pytest.raises(SystemExit) as exc:
+        bench_main()
+    assert exc.value.code == 2 and "drafter checkpoint file missing" in capsys.readouterr().err

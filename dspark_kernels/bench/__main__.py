@@ -2,6 +2,7 @@
 
 import argparse
 
+from ..cli_args import missing_inputs_are_usage_errors
 from . import acceptance, ceiling, peers, serving
 
 
@@ -14,7 +15,8 @@ def main() -> None:
     ceiling.add_arguments(sub.add_parser("ceiling", help=ceiling.__doc__.split("\n")[0]))
     args = parser.parse_args()
     mains = {"acceptance": acceptance.main, "serving": serving.main, "peers": peers.main, "ceiling": ceiling.main}
-    mains[args.name](args)
+    with missing_inputs_are_usage_errors(parser):
+        mains[args.name](args)
 
 
 if __name__ == "__main__":

@@ -370,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     from ..autotune.store import device_name
+    from ..cli_args import missing_inputs_are_usage_errors
     from ..models.drafter_api import check_gamma, load_drafter
     from ..models.transformer import load_model
 
@@ -402,14 +403,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    model = load_model(args.target, dtype=dtype, device=device)
+    with missing_inputs_are_usage_errors(p):
+        model = load_model(args.target, dtype=dtype, device=device)
     positions = model.config.max_position_embeddings
     if positions is not None and args.context + args.tokens_per_request > positions:
         p.error(f"--context {args.context} + --tokens-per-request {args.tokens_per_request} exceeds the target's "
                 f"max_position_embeddings ({positions})")
     drafter = None
     if args.drafter is not None:  # loaded (and checked) before anything is measured or written
-        drafter = load_drafter(args.drafter, model, dtype=dtype)
+        with missing_inputs_are_usage_errors(p):
+            drafter = load_drafter(args.drafter, model, dtype=dtype)
         check_gamma(drafter, args.gamma)
     step = target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
     name = device_name(device.index or 0) if device.type == "cuda" else "cpu"

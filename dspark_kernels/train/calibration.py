@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import positive_int
+from ..cli_args import missing_inputs_are_usage_errors, positive_int
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -449,7 +449,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bins", type=positive_int, default=ECE_BINS)
     p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    run(p.parse_args(argv))
+    args = p.parse_args(argv)
+    with missing_inputs_are_usage_errors(p):
+        run(args)
 
 
 if __name__ == "__main__":

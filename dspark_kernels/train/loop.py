@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import non_negative_float, positive_int
+from ..cli_args import missing_inputs_are_usage_errors, non_negative_float, positive_int
 
 
 def lr_at(step: int, max_steps: int, lr: float) -> float:
@@ -132,4 +132,6 @@ def training_main(parser: argparse.ArgumentParser, train: Callable[[argparse.Nam
     args = parser.parse_args(argv)
     if args.work_dir is None:
         args.work_dir = Path("data/drafter_runs") / args.name
-    print(json.dumps(train(args), indent=1, default=str))
+    with missing_inputs_are_usage_errors(parser):
+        summary = train(args)
+    print(json.dumps(summary, indent=1, default=str))

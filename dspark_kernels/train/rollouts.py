@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import positive_int
+from ..cli_args import missing_inputs_are_usage_errors, positive_int
 from ..models import generate, load_model
 from .corpus import read_split
 from .tokenizer import BOS_ID, EOS_ID, TRAIN_DOMAINS, load_tokenizer
@@ -144,9 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.max_prompt < 16:
         p.error(f"--max-prompt must be >= 16 (prompt windows are 16..max-prompt tokens), got {args.max_prompt}")
-    tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model)
-    prompts = sample_prompts(tokenizer, args.corpus, args.split, args.num_prompts, args.max_prompt, args.seed)
+    with missing_inputs_are_usage_errors(p):
+        tokenizer = load_tokenizer(args.model)
+        model = load_model(args.model)
+        prompts = sample_prompts(tokenizer, args.corpus, args.split, args.num_prompts, args.max_prompt, args.seed)
     t0 = time.time()
     with tqdm(total=len(prompts), desc=f"rollouts/{args.split}") as bar:
         ro = generate_rollouts(model, prompts, args.max_new_tokens, args.temperatures, args.batch_size, args.seed,
