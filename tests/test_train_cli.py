@@ -64,7 +64,7 @@ def _weights(path):
     ("dspark", block_cli, ["--rank", "8", "--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2"]),
     ("eagle", chain_cli, ["--steps-unroll", "2"]),
 ])
-def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra):
+def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra, capsys):
     """``--init DIR`` starts from a saved drafter: at learning rate 0 the saved weights come back unchanged, at the
     default rate they move from there; a different architecture or a missing directory is a clear error."""
     def run(tag, *more, arch=extra):
@@ -80,8 +80,9 @@ def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra):
     run(f"{name}-ft", "--steps", "2", "--init", str(base))
     moved = _weights(setup / "init_out" / f"{name}-ft")
     assert any(not torch.equal(start[k], moved[k]) for k in start)
-    with pytest.raises(FileNotFoundError, match="--init"):
+    with pytest.raises(SystemExit) as exc:  # a usage error naming the option and the file
         run(f"{name}-missing", "--steps", "1", "--init", str(setup / "nowhere"))
+    assert exc.value.code == 2 and "--init: no drafter weights at" in capsys.readouterr().err
     if cli is block_cli:
         with pytest.raises(ValueError, match="--init.*shape"):
             run(f"{name}-rank4", "--steps", "1", "--init", str(base), arch=[*extra, "--rank", "4"])
