@@ -7,8 +7,8 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["missing_inputs_are_usage_errors", "non_negative_float", "non_negative_int", "positive_float",
-           "positive_int"]
+__all__ = ["fraction_below_one", "missing_inputs_are_usage_errors", "non_negative_float", "non_negative_int",
+           "positive_float", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -40,6 +40,14 @@ def non_negative_float(text: str) -> float:
     value = float(text)
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {value}")
+    return value
+
+
+def fraction_below_one(text: str) -> float:
+    """Values in ``[0, 1)`` (relative spreads)."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
 
 

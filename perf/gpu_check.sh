@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command GPU check for a lent machine with only PyTorch and Triton installed. Run from anywhere:
 #   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $OUT/ when OUT is set)
-# Step timeouts sum to 465 s (+5 s kill grace each), so the whole check ends within 8 minutes.
+# Step timeouts sum to 440 s (+5 s kill grace each: 475 s if every step timed out), so the check ends within 8 minutes.
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
 #   env (nvidia-smi, versions) -> kernel tests without the interpreter (junit xml) -> perf suite (benchmark json)
 #   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
@@ -68,16 +68,16 @@ tune() {
 
 export -f envinfo install_pkg tune
 export PY OUT_DIR REPO
-step env 20 envinfo
-step install 45 install_pkg
-step kernel_tests 90 $PY -m pytest -q -p no:cacheprovider tests/test_verify_attention.py \
+step env 15 envinfo
+step install 40 install_pkg
+step kernel_tests 85 $PY -m pytest -q -p no:cacheprovider tests/test_verify_attention.py \
     tests/test_draft_block_attention.py tests/test_rejection_sample.py tests/test_sequential_head.py \
     tests/test_survival.py tests/test_batch_invariant_attention.py --junitxml "$OUT_DIR/kernel_tests.xml"
 step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
 step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
-step autotune 160 tune
-step sps 50 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
+step autotune 150 tune
+step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
     --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
 
 {

@@ -56,3 +56,22 @@ def test_bad_repeats_and_gamma_are_clear_errors():
     args = argparse.Namespace(max_new_tokens=4, repeats=1, gamma=1, draft_length="adaptive")
     with pytest.raises(ValueError, match="--gamma must be in"):
         peers.main(args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["ceiling", "--paths", "0"], "argument --paths: must be an int >= 1"),
+    (["peers", "--repeats", "0"], "argument --repeats: must be an int >= 1"),
+    (["serving", "--repeats", "0"], "argument --repeats: must be an int >= 1"),
+    (["serving", "--requests-per-level", "0"], "argument --requests-per-level: must be an int >= 1"),
+    (["serving", "--length-range", "1"], "argument --length-range: must be in [0, 1)"),
+    (["serving", "--temperature", "-1"], "argument --temperature: must be a finite number >= 0"),
+    (["serving", "--concurrency", "4", "0"], "argument --concurrency: must be an int >= 1"),
+])
+def test_bench_counts_are_usage_errors(argv, message, monkeypatch, capsys):
+    """The benches' counts and ranges are argparse types: a bad one ends the command before any work, status 2."""
+    from dspark_kernels.bench.__main__ import main
+
+    monkeypatch.setattr("sys.argv", ["bench", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli_args import positive_int
 from ..models import CausalLM, forward_sequences, generate, load_model
 from ..train.tokenizer import load_tokenizer
 from . import ASSETS, device_record
@@ -181,12 +182,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=ASSETS / "target")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domains", nargs="+", default=list(DOMAIN_SPLITS))
-    p.add_argument("--num-prompts", type=int, default=12)
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--span", type=int, default=96, help="tokens the target continues each prompt by (T = 1)")
-    p.add_argument("--stride", type=int, default=12, help="an anchor every this many tokens of the continuation")
-    p.add_argument("--paths", type=int, default=32, help="continuations sampled per anchor")
-    p.add_argument("--gamma", type=int, default=7)
+    p.add_argument("--num-prompts", type=positive_int, default=12)
+    p.add_argument("--prompt-len", type=positive_int, default=64)
+    p.add_argument("--span", type=positive_int, default=96, help="tokens the target continues each prompt by (T = 1)")
+    p.add_argument("--stride", type=positive_int, default=12,
+                   help="an anchor every this many tokens of the continuation")
+    p.add_argument("--paths", type=positive_int, default=32, help="continuations sampled per anchor")
+    p.add_argument("--gamma", type=positive_int, default=7)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--acceptance", type=Path, default=Path("results/acceptance.json"),
                    help="acceptance-benchmark JSON whose measured rows the table shows next to the ceiling")
@@ -196,7 +198,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> None:
     from ..train.corpus import build_corpus
 
-    for name in ("num_prompts", "span", "stride", "paths", "gamma"):
+    for name in ("num_prompts", "span", "stride", "paths", "gamma"):  # for callers that bypass the parser
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not (Path(args.corpus) / "manifest.json").exists():

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import non_negative_int
+from ..cli_args import non_negative_int, positive_int
 from ..demo import PROMPTS
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
@@ -152,7 +152,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
     p.add_argument("--drafters", nargs="+", default=["dspark"], help="our drafters to run (shipped names)")
     p.add_argument("--domains", nargs="+", choices=sorted(PROMPTS), default=sorted(PROMPTS))
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--max-new-tokens", type=positive_int, default=96)
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
     p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive")
@@ -163,7 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="our drafters' own linear-layer weight dtype (their LM head is the target's); it changes which "
                         "tokens are proposed, never the output")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="decode every prompt this many times with each method, interleaved; time the fastest")
     p.add_argument("--json", type=Path, help="write the results here (and a markdown table next to it)")
 

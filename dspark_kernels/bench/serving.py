@@ -1,4 +1,4 @@
-"""Serving benchmark: verify-length policies on the throughput vs per-user-speed frontier (perf-protocol §8.4).
+"""Serving benchmark: verify-length policies on the throughput vs per-user-speed frontier.
 
 Two modes, same outputs:
 
@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import positive_float, positive_int
+from ..cli_args import fraction_below_one, non_negative_float, positive_float, positive_int
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -394,21 +394,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
     p.add_argument("--mtp1-drafter", type=Path, default=ASSETS / "drafters" / "mtp1",
                    help="live: the drafter the mtp1 policy runs with, at gamma 1 (missing: --drafter's first draft)")
-    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+    p.add_argument("--concurrency", type=positive_int, nargs="+", default=None,
                    help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
-    p.add_argument("--gamma", type=int, default=7)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--gamma", type=positive_int, default=7)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
     p.add_argument("--max-new-tokens", type=positive_int, default=64)
-    p.add_argument("--length-range", type=float, default=0.5,
+    p.add_argument("--length-range", type=fraction_below_one, default=0.5,
                    help="live: each request's cap on new tokens is drawn from [1 - x, 1 + x] x --max-new-tokens "
                         "(seeded; the same draws for every policy), so requests do not start and finish in lockstep "
                         "as they never do in serving; 0: every request gets exactly --max-new-tokens")
     p.add_argument("--prompt-len", type=positive_int, default=64)
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domain", default="prose")
-    p.add_argument("--requests-per-level", type=int, default=8, help="live: requests = this x concurrency")
-    p.add_argument("--min-requests", type=int, default=4, help="live: at least this many requests per point")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--requests-per-level", type=positive_int, default=8, help="live: requests = this x concurrency")
+    p.add_argument("--min-requests", type=positive_int, default=4, help="live: at least this many requests per point")
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="live: runs per point, round-robin over the policies; the point is the median run")
     p.add_argument("--trace-prompts", type=positive_int, default=32, help="replay: prompts decoded to record traces")
     p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
