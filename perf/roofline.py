@@ -2,26 +2,65 @@
 
 from __future__ import annotations
 
+import functools
 import platform
+import subprocess
+from pathlib import Path
 
 import torch
 
-# Dense peaks (bytes/s, FLOP/s) by GPU-name substring; datasheet numbers, bf16/fp16 tensor-core FLOPs.
-PEAKS = {
+import dspark_kernels
+
+# Dense peaks (bytes/s, FLOP/s) by GPU-name substring; datasheet numbers, bf16/fp16 tensor-core FLOPs. The longest
+# key contained in the device name wins ("NVIDIA L40S" is an L40S, not an L4); None marks names whose variants differ
+# too much to guess (GH200 ships with 4.0 or 4.9 TB/s), which get no roofline percentages.
+PEAKS: dict[str, tuple[float, float] | None] = {
     "H200": (4.8e12, 989e12),
+    "GH200": None,
     "H100": (3.35e12, 989e12),
+    "H100 PCIe": (2.0e12, 756e12),
     "A100": (2.0e12, 312e12),
+    "A100-SXM4-40GB": (1.555e12, 312e12),
+    "A100-PCIE-40GB": (1.555e12, 312e12),
     "L40S": (0.864e12, 362e12),
+    "L40": (0.864e12, 181e12),
     "L4": (0.3e12, 121e12),
     "4090": (1.0e12, 165e12),
 }
 
 
+@functools.cache
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else the platform's processor or machine string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def _commit() -> str | None:
+    """The repository's commit, when the suite runs from a git checkout."""
+    try:
+        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def device_info() -> dict:
     info = {
+        "dspark_kernels": dspark_kernels.__version__,
+        "commit": _commit(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": _cpu_name(),
+        "threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
     }
     try:
@@ -39,12 +78,9 @@ def device_info() -> dict:
 
 
 def peak_for(gpu: str | None) -> tuple[float, float] | None:
-    if not gpu:
-        return None
-    for key, peak in PEAKS.items():
-        if key in gpu:
-            return peak
-    return None
+    """The device's ``(bytes/s, FLOP/s)`` peaks by the longest :data:`PEAKS` key in its name (``None``: unknown)."""
+    keys = [key for key in PEAKS if gpu and key in gpu]
+    return PEAKS[max(keys, key=len)] if keys else None
 
 
 def sync(device: torch.device) -> None:

@@ -19,6 +19,7 @@ from dspark_kernels.models import load_model
 from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import sequential_head
 from dspark_kernels.ops.sequential_head import SequentialHeadWeights
+from perf.costs import draft_block_cost, target_forward_cost
 from perf.roofline import record
 
 ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
@@ -71,30 +72,17 @@ def _parts(setup):
     }
 
 
-def _forward_cost(weights: list[torch.Tensor], rows: int, cfg, layers: int, keys: int, kv_elem: int
-                  ) -> tuple[float, float]:
-    """Bytes and FLOPs of ``rows`` tokens through the linear ``weights`` (each read once) and ``layers`` attention
-    layers of ``cfg``'s heads over ``keys`` cached keys each (read once, ``kv_elem`` bytes per element)."""
-    kv_bytes = layers * 2 * cfg.num_key_value_heads * cfg.head_dim * keys * kv_elem
-    bytes_moved = sum(w.numel() * w.element_size() for w in weights) + kv_bytes
-    attention = 4.0 * layers * cfg.num_attention_heads * cfg.head_dim * rows * keys
-    flops = 2.0 * rows * sum(w.numel() for w in weights) + attention
-    return bytes_moved, flops
-
-
 def _cost(setup, part: str) -> tuple[float, float]:
-    """Each part's own bytes and FLOPs: the backbone and the verify forward as transformer passes (linear weights,
-    cached K/V), the head variants as vocabulary-row passes over the gamma slots."""
+    """Each part's own bytes and FLOPs: the backbone and the verify forward as model passes (:mod:`perf.costs`), the
+    head variants as vocabulary-row passes over the gamma slots (kind "none" at T = 0 is one argmax pass over the
+    base logits)."""
     target, drafter = setup[0], setup[1]
-    v, r, cfg = target.config.vocab_size, drafter.config.markov_rank, target.config
-    if part == "backbone":  # the drafter's own layers, the target's LM head, the context K/V
-        own = [p for n, p in drafter.named_parameters() if p.dim() == 2 and not n.startswith("head.")]
-        return _forward_cost(own + [target.lm_head.weight], GAMMA, cfg, drafter.config.num_layers, CTX + GAMMA,
-                             drafter.dtype.itemsize)
+    v, r = target.config.vocab_size, drafter.config.markov_rank
+    if part == "backbone":
+        return draft_block_cost(drafter, CTX, GAMMA)
     if part == "verify":
-        linear = [p for n, p in target.named_parameters() if p.dim() == 2 and "embed_tokens" not in n]
-        return _forward_cost(linear, GAMMA + 1, cfg, cfg.num_hidden_layers, CTX + GAMMA + 1, 4)
-    rows = {"head_vanilla_product": r + 2, "head_vanilla": 3, "head_none": 2}[part]  # V-wide rows per slot
+        return target_forward_cost(target, CTX, GAMMA + 1)
+    rows = {"head_vanilla_product": r + 2, "head_vanilla": 3, "head_none": 1}[part]  # V-wide rows per slot
     return 4.0 * GAMMA * rows * v, (2.0 * GAMMA * r * v if part == "head_vanilla_product" else GAMMA * v)
 
 

@@ -9,6 +9,10 @@ Bytes per slot (an estimate of the Triton path, weights at ``w_elem`` bytes, log
     w1 row, hidden, gate/rnn weights         r * w_elem + d * elem_h + (gate: (d + r) r, rnn: (2r + d) 3r) * w_elem
 FLOPs per slot: 2 r V (bias GEMV) + ~8 V (scale, max, exp, sums, divide) + ~4 V (draw) + gate 2 (d + r) r
 or rnn 2 (2r + d) 3r + 2 (d + r) (confidence).
+These are the bytes the kernel's passes request, not the op's minimum traffic: at many requests the programs share
+``w2`` through the L2 cache, so the achieved "GB/s" (and % of peak bandwidth) can exceed what DRAM delivers; read it
+as the kernel's load throughput (at R = 256, gamma 7 the records count 147.6 GB a call against about 1.7 GB that
+must cross DRAM: ``w2`` once, the logits and the draft rows).
 """
 
 import pytest

@@ -5,8 +5,9 @@ new tokens (decode, or verify of 1 + drafts) in one forward and rolls them back 
 same cache state. If the step is bound by weight reads, verifying 16 tokens costs little more than decoding 1. On
 the CPU it runs with fp32 GEMMs and with weight-only bf16 GEMMs (``gemm_dtype``: fp32 activations, bf16 weights).
 
-Bytes = every weight read once (embedding rows are gathered, so only those rows) + the request's K/V read per layer
-+ the new K/V written; FLOPs = 2 * (matmul params) * tokens + 4 * Hq * D * visible (query, key) pairs per layer.
+Bytes and FLOPs: :func:`perf.costs.target_forward_cost` (every weight read once, embedding rows gathered, the
+request's K/V read per layer and the new K/V written, fp32 logits written; 2 * matmul params per token + 4 * Hq * D
+per visible (query, key) pair per layer).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from dspark_kernels.models import CausalLM, ModelConfig
 from dspark_kernels.models.gemm_dtype import cast_gemm_weights
+from perf.costs import target_forward_cost
 from perf.roofline import record, sync
 
 CONTEXT = 384
@@ -47,22 +49,6 @@ def models():
         return cache[(device, dtype, gemm_dtype)]
 
     return get
-
-
-def _cost(model: CausalLM, n_new: int) -> tuple[float, float]:
-    c = model.config
-    elem = model.model.embed_tokens.weight.element_size()  # activations and the KV cache
-    matmul = [p for n, p in model.named_parameters(remove_duplicate=False)
-              if n.endswith("proj.weight") or n == "lm_head.weight"]
-    matmul_params = sum(p.numel() for p in matmul)
-    weight_bytes = sum(p.numel() * p.element_size() for p in matmul)
-    weight_bytes += sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" in n)
-    kv_len = CONTEXT + n_new
-    kv_elems = c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim
-    bytes_moved = weight_bytes + elem * (n_new * c.hidden_size + kv_elems * (kv_len + n_new))
-    pairs = sum(CONTEXT + i + 1 for i in range(n_new))
-    flops = 2.0 * matmul_params * n_new + 4.0 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs
-    return bytes_moved, flops
 
 
 @pytest.mark.parametrize("n_new", NEW_TOKENS)
@@ -101,7 +87,7 @@ def _bench_forward(benchmark, model: CausalLM, impl: str, gemm_dtype: torch.dtyp
     step()
     benchmark.pedantic(step, rounds=30 if dev.type == "cpu" else 100, warmup_rounds=3, iterations=1)
     assert cache.length(0) == CONTEXT
-    bytes_moved, flops = _cost(model, n_new)
+    bytes_moved, flops = target_forward_cost(model, CONTEXT, n_new)
     record(
         benchmark,
         shapes={"new_tokens": n_new, "context": CONTEXT, "hidden": CFG.hidden_size, "layers": CFG.num_hidden_layers,
