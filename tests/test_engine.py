@@ -7,6 +7,7 @@
 """
 
 import json
+import math
 
 import pytest
 import torch
@@ -66,6 +67,19 @@ def test_requests_join_and_leave_mid_run(target, drafter):  # noqa: F811
     pairs = m["calibration_pairs"]
     verified = sum(r["verified"] for r in m["requests"].values())
     assert pairs["conf_logits"].shape == pairs["accepted"].shape == (verified,)
+
+
+def test_acceptance_by_position_is_conditional(target, drafter):  # noqa: F811
+    """Position j's acceptance counts the rounds that reached it (drafts 1..j accepted, j + 1 verified), as
+    ``SpecResult.acceptance_by_position`` does; it used to divide by every round that verified the position."""
+    eng = engine(target, drafter, "fixed3", max_batch=3)
+    run_closed_loop(eng, PROMPTS, 3, 16)
+    m = eng.metrics()
+    hist = [sum(r["accept_hist"][a] for r in m["requests"].values()) for a in range(GAMMA + 1)]
+    assert hist[0] > 0 and sum(hist[1:]) > 0  # rounds rejected at the first draft and rounds that went on
+    expect = [sum(hist[j + 1:]) / sum(hist[j:]) if sum(hist[j:]) else float("nan") for j in range(3)]
+    assert m["acceptance_by_position"][:3] == pytest.approx(expect, nan_ok=True)
+    assert all(math.isnan(x) for x in m["acceptance_by_position"][3:])  # fixed3 never verifies a fourth draft
 
 
 @pytest.mark.parametrize("policy", LIVE_POLICIES)
@@ -317,7 +331,9 @@ def test_engine_with_a_clock_reports_every_round(target, drafter):  # noqa: F811
         out = run_closed_loop(eng, PROMPTS[:3], 3, 6)
         if clock is not None:
             assert len(seen) == out["steps"] and all(s == 1.0 and drafted for _, drafted, s, _ in seen)
-            assert seen[0][0] == 3 and sum(e for *_, e in seen) >= 3 * 5  # 6 tokens each, the first from prefill
+            # 6 tokens each, the first from prefill: the rounds emit exactly the other 5 (cut by the cap, not the
+            # verifier's accepted count)
+            assert seen[0][0] == 3 and sum(e for *_, e in seen) == 3 * 5
             seen.clear()
     assert not seen
 

@@ -17,14 +17,17 @@ takes them in within the same pass, so a policy that does not draft costs no dra
 
 An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
 and free their target and drafter caches. Randomness is counter-based per request (round t of seed s uses (s, t)),
-so a request's output depends only on its own seed and verify lengths. With a per-request policy (fixed-k,
-threshold) it therefore does not depend on the batch; the load-aware policies (smartspec, dspark, dspark_prod)
-choose ``l_r`` from the whole batch, which changes the realisation but not the output distribution (lossless), and
-at temperature 0 every policy emits the target's greedy tokens.
+so a request's output depends only on its own seed, its verify lengths and each round's draft width (a block
+drafter's block attends both ways, so the number of slots drafted shapes every slot's distribution). With a
+per-request policy (fixed-k, threshold) it therefore does not depend on the batch; the load-aware policies
+(smartspec, dspark, dspark_prod) choose ``l_r`` and the width from the whole batch, which changes the realisation but
+not the output distribution (lossless), and at temperature 0 every policy emits the target's greedy tokens.
 
 Metrics stay on the device and are read by :meth:`Engine.metrics` only: per request the accept histogram, verified
-and accepted drafts and rounds; per position the accepted/verified counters of the verifier; the calibration pairs
-(confidence logits of the verified drafts and whether each was accepted).
+and accepted drafts and rounds; per position the accepted drafts and the rounds that reached the position (verified
+it after accepting every draft before it); the calibration pairs (confidence logits of the verified drafts and whether
+each was accepted). They count the verifier's verdicts: a request's last round may keep fewer tokens than it accepted
+when its ``max_new_tokens`` or an EOS cuts it (its ``tokens`` are what it emitted).
 """
 
 from __future__ import annotations
@@ -72,7 +75,10 @@ class Request:
 
 class _Metrics:
     """Device-side counters, grown by doubling: ``hist [cap, gamma + 1]``, ``verified``/``accepted``/``rounds
-    [cap]`` per request id; ``pos_accepted``/``pos_verified [gamma]``; calibration pairs kept per round."""
+    [cap]`` per request id; ``pos_accepted``/``pos_verified [gamma]`` (the verifier's per-position counters: drafts
+    accepted / verified at each position) and ``pos_reached [gamma]`` (rounds that verified the position after
+    accepting every draft before it: the denominator of the conditional acceptance); calibration pairs kept per
+    round."""
 
     def __init__(self, gamma: int, device: torch.device) -> None:
         self.gamma, self.device = gamma, device
@@ -81,6 +87,8 @@ class _Metrics:
         self.accepted = torch.zeros(0, dtype=torch.int64, device=device)
         self.pos_accepted = torch.zeros(gamma, dtype=torch.int64, device=device)
         self.pos_verified = torch.zeros(gamma, dtype=torch.int64, device=device)
+        self.pos_reached = torch.zeros(gamma, dtype=torch.int64, device=device)
+        self._positions = torch.arange(gamma, device=device)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def ensure(self, rid: int) -> None:
@@ -97,6 +105,8 @@ class _Metrics:
         self.hist.index_put_((rids, acc), torch.ones_like(acc), accumulate=True)
         self.verified.index_add_(0, rids, lens)
         self.accepted.index_add_(0, rids, acc)
+        reached = (self._positions[None, :] < lens[:, None]) & (self._positions[None, :] <= acc[:, None])
+        self.pos_reached += reached.sum(0)
         if conf is not None:
             self.pairs.append((conf, lens, acc))
 
@@ -260,12 +270,15 @@ class Engine:
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1
+        before = sum(len(self.requests[i].tokens) for i in live)
         for i, tokens in zip(live, rnd.emitted):
             self.requests[i].tokens.extend(tokens)
             self.requests[i].rounds += 1
-        if self.clock is not None:
-            self.policy.observe_round(r, drafting, self.clock() - t_round, sum(a + 1 for a in rnd.accepted))
+        seconds = self.clock() - t_round if self.clock is not None else 0.0
         finished = self._finish(live, time.perf_counter())
+        if self.clock is not None:  # the tokens the round emitted, after the caps and EOS cut them
+            emitted = sum(len(self.requests[i].tokens) for i in live) - before
+            self.policy.observe_round(r, drafting, seconds, emitted)
         self.live = [i for i in live if i not in finished]
         return done + finished
 
@@ -275,12 +288,14 @@ class Engine:
 
         Per request (``requests[rid]``): tokens, rounds, ``accept_hist``, ``verified``/``accepted``/``rejected``
         drafts, ``tau``, ``tokens_per_s`` (tokens / (finish - admission), finished requests only). Totals: ``tau``
-        (mean emitted tokens per request-round), ``verified_per_round``, ``rejected_per_round``, ``waste`` =
-        rejected / verified, per-position conditional acceptance, and the calibration pairs.
+        (mean accepted drafts + 1 per request-round: the accepted length with the correction/bonus token),
+        ``verified_per_round``, ``rejected_per_round``, ``waste`` = rejected / verified, ``acceptance_by_position``
+        (P(draft j + 1 accepted | drafts 1..j accepted and draft j + 1 verified)), and the calibration pairs. All
+        count the verifier's verdicts (module docstring).
         """
         m = self._metrics
         hist, ver, acc = m.hist.cpu(), m.verified.cpu(), m.accepted.cpu()
-        pos_acc, pos_ver = m.pos_accepted.cpu(), m.pos_verified.cpu()
+        pos_acc, pos_reached = m.pos_accepted.cpu(), m.pos_reached.cpu()
         per = {}
         for rid, req in self.requests.items():
             rounds = int(hist[rid].sum())
@@ -298,8 +313,8 @@ class Engine:
             "verified_per_round": verified / rounds if rounds else float("nan"),
             "rejected_per_round": (verified - accepted) / rounds if rounds else float("nan"),
             "waste": (verified - accepted) / verified if verified else 0.0,
-            "acceptance_by_position": [a / v if v else float("nan") for a, v in zip(pos_acc.tolist(),
-                                                                                      pos_ver.tolist())],
+            "acceptance_by_position": [a / n if n else float("nan") for a, n in zip(pos_acc.tolist(),
+                                                                                      pos_reached.tolist())],
             "calibration_pairs": m.calibration_pairs(),
         }
 

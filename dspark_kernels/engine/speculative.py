@@ -45,10 +45,11 @@ class SpecResult:
     """Per-request new tokens and finish reasons, plus round statistics.
 
     ``round_hist[l][a]``: rounds that verified ``l`` drafts and accepted ``a`` of them (``l = 0``: a plain step of
-    an adaptive draft length); ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts; ``tau``: mean emitted
-    tokens per round (accepted + the correction/bonus token); ``acceptance_by_position[j]``: P(draft j+1 accepted |
-    drafts 1..j accepted and draft j+1 verified); ``rounds``: rounds summed over requests; ``steps``: target
-    forwards (prefill included).
+    an adaptive draft length); ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts; ``tau``: mean accepted
+    length per round (accepted drafts + the correction/bonus token); ``acceptance_by_position[j]``: P(draft j+1
+    accepted | drafts 1..j accepted and draft j+1 verified); ``rounds``: rounds summed over requests; ``steps``: target
+    forwards (prefill included). The round statistics are the verifier's verdicts: a request's last round may keep
+    fewer tokens than it accepted when ``max_new_tokens`` or an EOS cuts it (``tokens`` holds what was emitted).
     """
 
     tokens: list[list[int]]
