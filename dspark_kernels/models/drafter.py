@@ -15,7 +15,9 @@ at position P, the block input is ``[x_0, MASK x (gamma - 1)]`` at positions ``P
   block input. Neither is stored with the drafter.
 
 The sequential head (:class:`~dspark_kernels.models.sequential_head.SequentialHead`) adds the Markov/RNN bias of the
-previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash.
+previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash. The head's ``h_k``
+is the last draft layer's residual stream before the final norm (the reference code hands its heads the normalised
+state; the shipped drafters were trained, and run, with this one).
 
 Inference keeps a per-request paged cache of projected context K/V (:class:`PagedKVCache` with one entry per draft
 layer) that grows with accepted tokens; the block's own K/V never enter it. The decode loops hand each round's kept

@@ -31,7 +31,8 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     Uses ``args``: ``lr``, ``steps``, ``work_dir`` (``checkpoint.pt``, ``log.jsonl``), ``resume``, ``ckpt_every``,
     ``init`` (a saved drafter directory whose weights start a run that has no checkpoint to resume: fine-tuning),
     ``name`` and ``out`` (the drafter is saved there in bfloat16 with ``train_summary.json``). AdamW with weight decay
-    0, gradient clipping at 1.0; the checkpoint holds the model, the optimiser, the step and ``rng``'s state.
+    0 and betas (0.9, 0.95) (the reference code keeps torch's (0.9, 0.999); the shipped drafters were trained with
+    these), gradient clipping at 1.0; the checkpoint holds the model, the optimiser, the step and ``rng``'s state.
     """
     from tqdm import tqdm
 
