@@ -135,6 +135,21 @@ def test_greedy_speculative_equals_target_greedy(target, trained, kind, rank, ga
     assert sum(spec.accept_hist[min(gamma, 2):]) > 0  # the trained drafter's runs of accepted drafts were committed
 
 
+@pytest.mark.parametrize("target_dtype, drafter_dtype", [(torch.bfloat16, torch.float32),
+                                                          (torch.float32, torch.bfloat16)])
+def test_drafter_in_another_dtype_than_the_target(target, trained, target_dtype, drafter_dtype, tmp_path):
+    """A drafter may run in another dtype than its target (a bf16 target with an fp32 drafter crashed in the
+    target's LM head): greedy output is still the target's own."""
+    trained["vanilla"].save(tmp_path / "d")
+    torch.manual_seed(0)  # the module's target again (its fixture's seed), loaded in target_dtype
+    tgt = load_model(save_tiny_qwen3(tmp_path / "t", vocab_size=VOCAB), dtype=target_dtype)
+    drafter = load_block_drafter(tmp_path / "d", tgt, dtype=drafter_dtype)
+    prompts = [[1, 5, 9, 13], [1, 40], *ROLLOUT_PROMPTS[:3]]
+    ar = generate(tgt, prompts, 16, temperature=0.0)
+    spec = speculative_generate(tgt, drafter, prompts, 16, 4, temperature=0.0)
+    assert spec.tokens == ar.tokens and sum(spec.accept_hist[1:]) > 0
+
+
 def test_greedy_with_eos_and_triton_path(target):
     drafter = make_drafter(target)
     prompts = [[1, 7, 8], [1, 30, 31, 32]]

@@ -13,8 +13,9 @@ The batch's sampling parameters (:class:`~dspark_kernels.sampling.Sampling`) and
 (:func:`~dspark_kernels.sampling.next_tokens`) come from :mod:`dspark_kernels.sampling`, shared with plain generation.
 
 Randomness is counter-based: round ``t`` of a request with seed ``s`` draws from ``(s, t)`` only, so a request's
-output does not depend on what it is batched with (given its own verify lengths and each round's draft width, which
-a block drafter's two-way block attention depends on).
+noise does not depend on what it is batched with; its output does not either (given its own verify lengths and each
+round's draft width, which a block drafter's two-way block attention depends on) up to the last-bit differences of
+batched GEMMs, which can move a T > 0 draw that falls at a boundary.
 """
 
 from __future__ import annotations

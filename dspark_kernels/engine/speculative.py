@@ -16,7 +16,11 @@ Round structure for every live request (anchor ``x0`` = its last emitted token, 
 
 The first token of each request comes from the prefill's logits (as in plain generation), so at temperature 0 the
 output is token-for-token the target's greedy output. Per-request randomness is counter-based: round ``t`` of a request
-with seed ``s`` uses ``(s, t)`` for the drafter's and the verifier's uniforms, so results do not depend on batching.
+with seed ``s`` uses ``(s, t)`` for the drafter's and the verifier's uniforms, so the noise does not depend on
+batching. The arithmetic may: batched GEMMs on a CPU are not row-invariant, so logits differ in the last bits with the
+batch, and at T > 0 a draw that falls within such a difference of a boundary can pick another token (greedy output is
+the target's greedy output either way; ``load_model(..., batch_invariant=True)`` makes the attention, not the GEMMs,
+independent of the batch).
 
 Metrics kept on the device, read once at the end: a histogram of rounds by verified and accepted drafts (``tau`` =
 mean accepted + 1, conditional acceptance by position).

@@ -153,8 +153,9 @@ class BlockDrafter(nn.Module):
         return F.embedding(ids, self.target.model.embed_tokens.weight)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Base logits ``U`` (fp32) from the last hidden state through the final norm and the frozen LM head."""
-        return self.target.lm_head(self.norm(h)).float()
+        """Base logits ``U`` (fp32) from the last hidden state through the final norm and the frozen LM head (in the
+        target's dtype: a drafter may run in another one)."""
+        return self.target.lm_head(self.norm(h).to(self.target.dtype)).float()
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target._rope(positions, dtype)

@@ -94,7 +94,9 @@ class SequentialHead(nn.Module):
         changes: a row-major ``w2`` makes the bias GEMV of every slot read whole rows, which halves its cost on the
         CPU and coalesces the kernel's loads. A vanilla head outside autograd also hands over its
         :class:`~dspark_kernels.ops.sequential_head.MarkovBiasRows` (bias rows by previous token, kept across calls
-        until ``w1`` or ``w2`` changes), which the CPU path reads instead of recomputing each slot's bias."""
+        until ``w1`` or ``w2`` changes), which the CPU path reads instead of recomputing each slot's bias. A change is
+        seen through the weights' version counters (assignment, ``load_state_dict``, optimiser steps, in-place ops
+        under ``no_grad``); a write through ``.data`` bypasses them, so after one replace the parameter instead."""
         fields: dict = {}
         if self.rank > 0:
             fields.update(w1=self.w1.weight.detach(), w2=self._w2_rows())
