@@ -209,8 +209,7 @@ def plain_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anch
 def finish_reason(tokens: list[int], max_new_tokens: int, eos: int | Collection[int] | None) -> str | None:
     """Truncate ``tokens`` in place at the length cap and after the first stop token (``eos``: one id, a collection
     of ids such as :func:`~dspark_kernels.request_checks.stop_tokens` gives, or ``None``; an id may be a numpy
-    integer); return "eos", "length" or
-    None (still running)."""
+    integer); return "eos", "length" or None (still running)."""
     del tokens[max_new_tokens:]
     stops = () if eos is None else (eos,) if isinstance(eos, numbers.Integral) else eos
     stop = next((i for i, t in enumerate(tokens) if t in stops), None) if stops else None
