@@ -96,7 +96,7 @@ class SequentialHead(nn.Module):
         :class:`~dspark_kernels.ops.sequential_head.MarkovBiasRows` (bias rows by previous token, kept across calls
         until ``w1`` or ``w2`` changes), which the CPU path reads instead of recomputing each slot's bias. A change is
         seen through the weights' version counters (assignment, ``load_state_dict``, optimiser steps, in-place ops
-        under ``no_grad``); a write through ``.data`` bypasses them: write under ``no_grad`` or replace the parameter."""
+        under ``no_grad``); a write through ``.data`` bypasses them: write under ``no_grad``, or replace it."""
         fields: dict = {}
         if self.rank > 0:
             fields.update(w1=self.w1.weight.detach(), w2=self._w2_rows())
