@@ -72,13 +72,15 @@ def evaluate(
     return trials
 
 
-def pick(trials: Sequence[Trial]) -> Trial | None:
-    """The fastest verified trial (the first listed on a tie); ``None`` when no candidate passed."""
-    best = None
-    for t in trials:
-        if t.status == "ok" and t.ms is not None and (best is None or t.ms < best.ms):
-            best = t
-    return best
+def pick(trials: Sequence[Trial], margin: float = 0.03) -> Trial | None:
+    """The fastest verified trial, except that the first verified one (the grid lists the defaults first) is kept
+    unless another is more than ``margin`` faster: a winner inside the timing noise is not worth a stored config.
+    ``None`` when no candidate passed."""
+    ok = [t for t in trials if t.status == "ok" and t.ms is not None]
+    if not ok:
+        return None
+    fastest = min(ok, key=lambda t: t.ms)  # the first listed on a tie
+    return ok[0] if ok[0].ms <= fastest.ms * (1 + margin) else fastest
 
 
 def grid(defaults: dict[str, int], **choices: Sequence[int]) -> list[dict[str, int]]:
@@ -373,7 +375,7 @@ def tune_case(case: Case, quick: bool) -> list[Trial]:
         return out
 
     def bench(fn):
-        return triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100)
+        return triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median")
 
     case.trials = evaluate(case.candidates, run_cfg, lambda out: check(out, ref), bench)
 
@@ -421,6 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"autotune: {gpu} (driver {driver}), torch {torch.__version__}, ops {','.join(ops)}"
           f"{' (quick)' if args.quick else ''}", flush=True)
     cases = [c for c in build_cases(dev, args.quick) if c.op in ops]
+    path = config_path(gpu, args.out_dir)
+    existing = json.loads(path.read_text()) if path.exists() else None  # a malformed file fails here, not at the end
+    if existing is not None and existing.get("gpu") not in (None, gpu):
+        existing = None
+    merge_store(existing, gpu, driver, {})
     winners: dict[str, dict[str, dict[str, int]]] = {}
     failed_buckets = []
     for case in cases:
@@ -437,16 +444,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             failed_buckets.append(f"{case.op}/{case.bucket}")
         elif case.module is not None:
             winners.setdefault(case.op, {})[case.bucket] = dict(best.config)
+            # written after every bucket, so a run stopped by a time limit keeps what it tuned
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(merge_store(existing, gpu, driver, winners), indent=2, sort_keys=True) + "\n")
     print_table(cases)
-
-    path = config_path(gpu, args.out_dir)
-    existing = json.loads(path.read_text()) if path.exists() else None
-    if existing is not None and existing.get("gpu") not in (None, gpu):
-        existing = None
-    data = merge_store(existing, gpu, driver, winners)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    print(f"autotune: wrote {path}")
+    print(f"autotune: wrote {path}" if winners else f"autotune: no config to write to {path}")
     if failed_buckets:
         print(f"autotune: no candidate passed for {', '.join(failed_buckets)} (defaults stay in effect)",
               file=sys.stderr)

@@ -1,20 +1,35 @@
 #!/usr/bin/env bash
 # One-command GPU check for a lent machine with only PyTorch and Triton installed. Run from anywhere:
-#   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $OUT/ when OUT is set)
+#   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $GPU_RESULTS/ when set)
+# When OUT is set (the device tool's output folder, which returns at most 8 files), the results are also packed into
+# $OUT/gpu_results.tgz, with summary.txt beside it.
 # Step timeouts sum to 440 s (+5 s kill grace each: 475 s if every step timed out), so the check ends within 8 minutes.
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
-#   env (nvidia-smi, versions) -> kernel tests without the interpreter (junit xml) -> perf suite (benchmark json)
+#   env (nvidia-smi, versions) -> kernel tests on the GPU, interpreter off (junit xml) -> perf suite (benchmark json)
 #   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
 #   and round profile of the shipped DSpark drafter (output folder and autotune/sps/) -> summary.txt
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-OUT_DIR=${OUT:-gpu_results}
+OUT_DIR=${GPU_RESULTS:-gpu_results}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 unset TRITON_INTERPRET DSPARK_IMPL
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python}
+# The package as the install would map it (autotune/ and reference/ are its subpackages), without pip: a folder of
+# links first on the path, so every step imports this checkout whatever is installed
+PKG_DIR=$(mktemp -d)
+mkdir -p "$PKG_DIR/dspark_kernels"
+for f in "$REPO"/dspark_kernels/*; do ln -s "$f" "$PKG_DIR/dspark_kernels/"; done
+ln -s "$REPO/autotune" "$PKG_DIR/dspark_kernels/autotune"
+ln -s "$REPO/reference" "$PKG_DIR/dspark_kernels/reference"
+export PYTHONPATH="$PKG_DIR:$REPO${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then  # the first interpreter that has torch (python3 on the lent machines)
+    for cand in python3 python; do
+        if command -v "$cand" >/dev/null && "$cand" -c "import torch" 2>/dev/null; then PY=$cand; break; fi
+    done
+    PY=${PY:-python3}
+fi
 SUMMARY="$OUT_DIR/summary.txt"
 : > "$OUT_DIR/steps.tsv"
 START=$(date +%s)
@@ -34,15 +49,15 @@ step() {  # step NAME TIMEOUT_S CMD...: run with a timeout, log to NAME.log, rec
     tail -n 3 "$OUT_DIR/$name.log" | sed 's/^/   | /'
 }
 
-install_pkg() {  # the package without touching torch/triton; test extras only when missing, tolerating no network
-    $PY -m pip install --no-deps --no-build-isolation -e . || $PY -m pip install --no-deps -e . || true
+install_pkg() {  # test extras only when missing, tolerating no network (the package itself comes from PKG_DIR)
     for mod_pkg in pytest:pytest pytest_benchmark:pytest-benchmark scipy:scipy hypothesis:hypothesis \
                    pynvml:nvidia-ml-py safetensors:safetensors tokenizers:tokenizers tqdm:tqdm numpy:numpy \
                    transformers:transformers matplotlib:matplotlib; do
         mod=${mod_pkg%%:*}; pkg=${mod_pkg#*:}
         $PY -c "import $mod" 2>/dev/null || timeout 15 $PY -m pip install --retries 0 --timeout 5 "$pkg" || echo "could not install $pkg"
     done
-    $PY -c "import dspark_kernels, pytest; print('import ok')"
+    # autotune/ and reference/ are subpackages only through the install's package mapping: check them explicitly
+    $PY -c "import dspark_kernels.autotune, dspark_kernels.reference, pytest; print('import ok')"
 }
 
 envinfo() {
@@ -69,14 +84,14 @@ tune() {
 export -f envinfo install_pkg tune
 export PY OUT_DIR REPO
 step env 15 envinfo
-step install 40 install_pkg
-step kernel_tests 85 $PY -m pytest -q -p no:cacheprovider tests/test_verify_attention.py \
-    tests/test_draft_block_attention.py tests/test_rejection_sample.py tests/test_sequential_head.py \
-    tests/test_survival.py tests/test_batch_invariant_attention.py --junitxml "$OUT_DIR/kernel_tests.xml"
+step install 30 install_pkg
+# every kernel on the GPU against its CPU reference (the per-op files run the kernels under the CPU interpreter only)
+step kernel_tests 130 $PY -m pytest -q -p no:cacheprovider tests/test_gpu_parity.py \
+    tests/test_batch_invariant_attention.py --junitxml "$OUT_DIR/kernel_tests.xml"
 step perf 90 $PY -m pytest -q -p no:cacheprovider perf --benchmark-only --benchmark-max-time=0.2 \
     --benchmark-min-rounds=3 --benchmark-json "$OUT_DIR/perf.json"
-step perf_report 15 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
-step autotune 150 tune
+step perf_report 10 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
+step autotune 120 tune
 step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
     --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
 
@@ -98,5 +113,9 @@ step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeat
     (cd "$OUT_DIR" && find . -type f | sort | sed 's/^\.\//  /')
 } > "$SUMMARY"
 cat "$SUMMARY"
+if [ -n "${OUT:-}" ]; then  # the device tool returns at most 8 files: one archive and the summary
+    mkdir -p "$OUT"
+    tar czf "$OUT/gpu_results.tgz" -C "$OUT_DIR" . && cp "$SUMMARY" "$OUT/summary.txt"
+fi
 grep -qv $'\tok\t' "$OUT_DIR/steps.tsv" && exit 1
 exit 0

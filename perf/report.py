@@ -20,6 +20,11 @@ import json
 from pathlib import Path
 
 
+def _device_of(device: dict) -> str:
+    """Where a benchmark ran: ``ran_on`` (recorded since session 22), else the GPU or the CPU of the machine."""
+    return device.get("ran_on") or device.get("gpu") or device.get("cpu", "")
+
+
 def rows(data: dict) -> list[dict]:
     """One flat dict per benchmark of a pytest-benchmark JSON."""
     out = []
@@ -37,7 +42,7 @@ def rows(data: dict) -> list[dict]:
             "tflops": info.get("achieved_TFLOPs"),
             "pct_bw": info.get("pct_peak_bw"),
             "pct_flops": info.get("pct_peak_flops"),
-            "device": info.get("device", {}).get("gpu") or info.get("device", {}).get("cpu", ""),
+            "device": _device_of(info.get("device", {})),
         })
     return out
 

@@ -89,13 +89,17 @@ def sync(device: torch.device) -> None:
 
 
 def record(benchmark, *, shapes: dict, bytes_moved: float, flops: float, impl: str) -> None:
-    """Attach shapes, bytes, FLOPs and (after the run, on a GPU) achieved rates and % of peak to the record."""
+    """Attach shapes, bytes, FLOPs and (after the run, for a Triton benchmark on a GPU) achieved rates and % of peak
+    to the record. ``device.ran_on`` says where the timed op ran: the Triton benchmarks on the GPU when there is one,
+    the PyTorch reference ones (``impl="torch"``) on the CPU, also on a GPU machine, so they get no GPU roofline."""
     info = device_info()
+    on_gpu = info["cuda"] and impl == "triton"
+    info["ran_on"] = info.get("gpu", "cuda") if on_gpu else info["cpu"]
     benchmark.extra_info.update(
         {"shapes": shapes, "bytes": float(bytes_moved), "flops": float(flops), "impl": impl, "device": info}
     )
     stats = getattr(benchmark, "stats", None)
-    if stats is None or not info["cuda"]:
+    if stats is None or not on_gpu:
         return
     median = stats.stats.median
     peak = peak_for(info.get("gpu"))

@@ -3,7 +3,7 @@
 The CPU interpreter accepts code the GPU compiler rejects (non-constexpr globals, dtype mixes in tl.dot, ...), so the
 parity tests alone cannot prove the kernels build for the device they are written for. This compiles each kernel with
 realistic argument types in a subprocess where ``TRITON_INTERPRET`` is unset. (The sequential head has its own check in
-``test_sequential_head.py``.) On a GPU machine the parity tests compile and run the kernels themselves.
+``test_sequential_head.py``.) On a GPU machine ``test_gpu_parity.py`` compiles and runs them on the device.
 """
 
 import os
@@ -57,7 +57,7 @@ print("compiled")
 
 def test_all_kernels_compile_for_sm90():
     if torch.cuda.is_available():
-        pytest.skip("on a GPU the parity tests compile and run the kernels")
+        pytest.skip("on a GPU test_gpu_parity.py compiles and runs the kernels")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

@@ -62,3 +62,19 @@ def test_decode_flops_split_the_layers_and_the_head(shipped):
 ])
 def test_peak_lookup_takes_the_longest_matching_name(name, peak):
     assert peak_for(name) == peak
+
+
+def test_record_gives_the_gpu_roofline_to_gpu_benchmarks_only(monkeypatch):
+    """On a GPU machine the CPU reference benchmarks (``impl="torch"``) must not be scored against the GPU's peaks."""
+    from types import SimpleNamespace
+
+    from perf import roofline
+
+    monkeypatch.setattr(roofline, "device_info", lambda: {"cuda": True, "gpu": "NVIDIA H200", "cpu": "Some CPU"})
+    for impl, on_gpu in (("torch", False), ("triton", True)):
+        bench = SimpleNamespace(extra_info={}, stats=SimpleNamespace(stats=SimpleNamespace(median=1e-3)))
+        roofline.record(bench, shapes={}, bytes_moved=4.8e9, flops=1e9, impl=impl)
+        assert bench.extra_info["device"]["ran_on"] == ("NVIDIA H200" if on_gpu else "Some CPU")
+        assert ("pct_peak_bw" in bench.extra_info) == on_gpu
+        if on_gpu:
+            assert bench.extra_info["pct_peak_bw"] == pytest.approx(100.0)  # 4.8 GB in 1 ms on a 4.8 TB/s device

@@ -470,7 +470,7 @@ def test_kernel_compiles_for_cuda():
     import sys
 
     if torch.cuda.is_available():
-        pytest.skip("on a GPU the parity tests compile and run the kernel")
+        pytest.skip("on a GPU test_gpu_parity.py compiles and runs the kernel")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
