@@ -60,12 +60,14 @@ def assert_tokens_match(tri: torch.Tensor, ref: torch.Tensor, greedy_rows: torch
 
 
 # ------------------------------------------------------------------------------------------------------ attention
+def assert_attention_matches(op, args) -> None:
+    """fp32 attention: the kernel on the GPU within fp32 rounding of the reference on the CPU."""
+    torch.testing.assert_close(op(*to_cuda(args), impl="triton").cpu(), op(*args, impl="torch"), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", VERIFY_CASES)
 def test_verify_attention_on_the_gpu(q_lens, kv_lens, hq, hkv, d, page_size):
-    args = make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size)
-    ref = verify_attention(*args, impl="torch")
-    tri = verify_attention(*to_cuda(args), impl="triton")
-    torch.testing.assert_close(tri.cpu(), ref, rtol=2e-5, atol=2e-5)
+    assert_attention_matches(verify_attention, make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size))
 
 
 @pytest.mark.parametrize("dtype,ratio", [(torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
@@ -79,10 +81,7 @@ def test_verify_attention_half_on_the_gpu(dtype, ratio):
 
 @pytest.mark.parametrize("block_lens,ctx_lens,hq,hkv,d,page_size", BLOCK_CASES)
 def test_draft_block_attention_on_the_gpu(block_lens, ctx_lens, hq, hkv, d, page_size):
-    args = make_block_batch(block_lens, ctx_lens, hq, hkv, d, page_size)
-    ref = draft_block_attention(*args, impl="torch")
-    tri = draft_block_attention(*to_cuda(args), impl="triton")
-    torch.testing.assert_close(tri.cpu(), ref, rtol=2e-5, atol=2e-5)
+    assert_attention_matches(draft_block_attention, make_block_batch(block_lens, ctx_lens, hq, hkv, d, page_size))
 
 
 # ------------------------------------------------------------------------------------------------------- sampling
