@@ -367,15 +367,24 @@ def tune_case(case: Case, quick: bool) -> list[Trial]:
     import triton.testing
 
     run, ref, check = case.make()
+    current: list[dict[str, int]] = [{}]  # the candidate evaluate() ran last: the one it times next
+
+    def forced(cfg):
+        return forced_config(case.module, cfg) if case.module else contextlib.nullcontext()
 
     def run_cfg(cfg):
-        with forced_config(case.module, cfg) if case.module else contextlib.nullcontext():
+        current[0] = cfg
+        with forced(cfg):
             out = run()
         torch.cuda.synchronize()
         return out
 
-    def bench(fn):
-        return triton.testing.do_bench(fn, warmup=10 if quick else 25, rep=30 if quick else 100, return_mode="median")
+    def bench(_fn):
+        # the op's launch alone under the forced config (evaluate's closure would add a config switch and a
+        # synchronisation to every timed call, which is most of a microsecond kernel's time)
+        with forced(current[0]):
+            return triton.testing.do_bench(run, warmup=10 if quick else 25, rep=30 if quick else 100,
+                                           return_mode="median")
 
     case.trials = evaluate(case.candidates, run_cfg, lambda out: check(out, ref), bench)
 
