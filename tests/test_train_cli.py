@@ -179,3 +179,21 @@ def test_a_run_interrupted_and_resumed_ends_bit_identical(setup, name, cli, extr
     run("killed", "--resume")
     one_go, resumed = _weights(setup / "kill_out" / "straight"), _weights(setup / "kill_out" / "killed")
     assert set(one_go) == set(resumed) and all(torch.equal(one_go[k], resumed[k]) for k in one_go)
+
+
+def test_calibration_refuses_a_drafter_without_a_confidence_head(setup, tmp_path):
+    """DFlash (rank 0, CE only) has no confidence head: calibration says so instead of failing on missing traces."""
+    rng = random.Random(1)
+    held = Rollouts([[1, rng.randrange(4, 64)] for _ in range(4)], [[rng.randrange(4, 64) for _ in range(8)]] * 4,
+                    [1.0] * 4, [0] * 4)
+    save_rollouts(held, tmp_path / "rollouts", "heldout")
+    block_cli.main(["--name", "dflash", "--loss", "dflash", "--rank", "0", "--gammas", "3", "--anchors", "4",
+                    "--feature-layers", "1", "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
+                    "--work-dir", str(tmp_path / "run"), "--out", str(tmp_path / "dflash"), "--batch-size", "2",
+                    "--steps", "1"])
+    from dspark_kernels.train import calibration
+
+    with pytest.raises(SystemExit, match="this drafter has no confidence head"):
+        calibration.main(["--model", str(setup / "target"), "--drafter", str(tmp_path / "dflash"), "--rollouts",
+                          str(tmp_path / "rollouts"), "--gamma", "3", "--num-prompts", "4", "--max-new-tokens", "4",
+                          "--device", "cpu"])

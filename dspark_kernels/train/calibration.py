@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import missing_inputs_are_usage_errors, positive_int
+from ..cli_args import missing_inputs_are_usage_errors, non_negative_float, positive_int
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -410,7 +410,9 @@ def _collect_traces(args: argparse.Namespace):
                                temperature=args.temperature, seeds=list(range(len(prompts))),
                                eos_token_id=EOS_ID, record_traces=True)
     if "confidence_logits" not in res.extra:
-        raise SystemExit(f"{args.drafter}: this drafter has no confidence head (no traces recorded)")
+        has_head = getattr(getattr(drafter, "config", None), "confidence", False)
+        raise SystemExit(f"{args.drafter}: no drafting round was recorded (every request ended at its first token)"
+                         if has_head else f"{args.drafter}: this drafter has no confidence head (no traces recorded)")
     return res, len(prompts)
 
 
@@ -441,8 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"))
     p.add_argument("--drafter", type=Path, default=Path("dspark_kernels/assets/drafters/dspark"))
     p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
-    p.add_argument("--gamma", type=int, default=15)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--gamma", type=positive_int, default=15)
+    p.add_argument("--temperature", type=non_negative_float, default=1.0)
     p.add_argument("--num-prompts", type=positive_int, default=2048,
                    help="held-out prompts to decode (all of them when fewer); the ECE floor shrinks as 1/sqrt(rounds)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
