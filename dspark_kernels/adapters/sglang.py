@@ -21,6 +21,7 @@ from ..ops._validate import INDEX_DTYPES, check_range, check_shape, check_tensor
 
 
 def _dense_offsets(conf: torch.Tensor) -> torch.Tensor:
+    """Offsets ``[bs + 1]`` int32 of dense rows ``[bs, width]`` flattened: ``arange(bs + 1) * width``."""
     if conf.dim() != 2:
         raise ValueError(f"confidence_logits must be [bs, gamma], got shape {tuple(conf.shape)}")
     bs, gamma = conf.shape
@@ -57,10 +58,9 @@ def schedule_verify_lens_topk(
     hi = _window(gamma, min_verify_len, max_len)
     a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
                         check_inputs=check_inputs)
-    width = hi - min_verify_len  # the slots the budget may admit, each request's still in position order
-    window = a.view(bs, gamma)[:, min_verify_len:hi].reshape(-1)
-    extra = select_verify_lengths_topk(window, torch.arange(bs + 1, dtype=torch.int32, device=cu.device) * width,
-                                       budget, impl=impl, check_inputs=check_inputs)
+    window = a.view(bs, gamma)[:, min_verify_len:hi]  # the slots the budget may admit, each request's in order
+    extra = select_verify_lengths_topk(window.reshape(-1), _dense_offsets(window), budget, impl=impl,
+                                       check_inputs=check_inputs)
     return extra + min_verify_len
 
 
