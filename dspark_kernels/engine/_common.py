@@ -133,15 +133,14 @@ class RoundOutput:
 
 def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anchors: torch.Tensor,
                  drafted: DraftOutput, verify_lens: torch.Tensor, gamma: int, sampling: Sampling,
-                 accept_counter: torch.Tensor | None = None, draft_counter: torch.Tensor | None = None,
-                 impl: str | None = None) -> RoundOutput:
+                 accept_counter: torch.Tensor | None = None, impl: str | None = None) -> RoundOutput:
     """Verify ``[anchor_r, d_r1 .. d_r{l_r}]`` of every request in one ragged target forward.
 
     ``anchors [R]`` int64, ``drafted.tokens [R * gamma]``, ``verify_lens [R]`` int (0..gamma) on the device. Only the
     verified drafts (and their ``draft_probs`` rows) reach :func:`rejection_sample`; the optional per-position
-    ``accept_counter``/``draft_counter [gamma]`` int64 are accumulated in place. Afterwards the target cache holds
-    the anchor and the accepted drafts of each request; the same tokens with their features are returned in
-    ``RoundOutput.kept`` for the drafter's context (the next drafting round takes them in).
+    ``accept_counter [gamma]`` int64 (drafts accepted at each position) is accumulated in place. Afterwards the target
+    cache holds the anchor and the accepted drafts of each request; the same tokens with their features are returned
+    in ``RoundOutput.kept`` for the drafter's context (the next drafting round takes them in).
     """
     dev = anchors.device
     r = len(rids)
@@ -173,7 +172,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
         acc_u, smp_u = rejection_noise(sampling.seed, sampling.offset, cu_d_t, cu_d[-1], max_spec_len=gamma)
     res = rejection_sample(drafts, cu_d_t, probs, fwd.logits, sampling.temperature, sampling.top_k,
                            sampling.top_p, acc_u, smp_u, max_spec_len=gamma, accept_counter=accept_counter,
-                           draft_counter=draft_counter, impl=impl, check_inputs=False)
+                           impl=impl, check_inputs=False)
     accepted = res.num_accepted.tolist()
     emitted = res.output_token_ids.tolist()
     for rid, l_r, a in zip(rids, lens, accepted):

@@ -75,10 +75,9 @@ class Request:
 
 class _Metrics:
     """Device-side counters, grown by doubling: ``hist [cap, gamma + 1]``, ``verified``/``accepted``/``rounds
-    [cap]`` per request id; ``pos_accepted``/``pos_verified [gamma]`` (the verifier's per-position counters: drafts
-    accepted / verified at each position) and ``pos_reached [gamma]`` (rounds that verified the position after
-    accepting every draft before it: the denominator of the conditional acceptance); calibration pairs kept per
-    round."""
+    [cap]`` per request id; ``pos_accepted [gamma]`` (the verifier's counter of drafts accepted at each position) and
+    ``pos_reached [gamma]`` (rounds that verified the position after accepting every draft before it: the
+    denominator of the conditional acceptance); calibration pairs kept per round."""
 
     def __init__(self, gamma: int, device: torch.device) -> None:
         self.gamma, self.device = gamma, device
@@ -86,7 +85,6 @@ class _Metrics:
         self.verified = torch.zeros(0, dtype=torch.int64, device=device)
         self.accepted = torch.zeros(0, dtype=torch.int64, device=device)
         self.pos_accepted = torch.zeros(gamma, dtype=torch.int64, device=device)
-        self.pos_verified = torch.zeros(gamma, dtype=torch.int64, device=device)
         self.pos_reached = torch.zeros(gamma, dtype=torch.int64, device=device)
         self._positions = torch.arange(gamma, device=device)
         self.pairs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -265,20 +263,19 @@ class Engine:
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
         m = self._metrics
         rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, width, samp,
-                           m.pos_accepted[:width], m.pos_verified[:width], self.impl)
+                           accept_counter=m.pos_accepted[:width], impl=self.impl)
         self._pending.add(live, rnd.kept)
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1
-        before = sum(len(self.requests[i].tokens) for i in live)
+        held = sum(len(self.requests[i].tokens) for i in live) if self.clock is not None else 0
         for i, tokens in zip(live, rnd.emitted):
             self.requests[i].tokens.extend(tokens)
             self.requests[i].rounds += 1
         seconds = self.clock() - t_round if self.clock is not None else 0.0
         finished = self._finish(live, time.perf_counter())
         if self.clock is not None:  # the tokens the round emitted, after the caps and EOS cut them
-            emitted = sum(len(self.requests[i].tokens) for i in live) - before
-            self.policy.observe_round(r, drafting, seconds, emitted)
+            self.policy.observe_round(r, drafting, seconds, sum(len(self.requests[i].tokens) for i in live) - held)
         self.live = [i for i in live if i not in finished]
         return done + finished
 
