@@ -403,16 +403,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    with missing_inputs_are_usage_errors(p):
+    with missing_inputs_are_usage_errors(p):  # both loaded (and checked) before anything is measured or written
         model = load_model(args.target, dtype=dtype, device=device)
+        drafter = None if args.drafter is None else load_drafter(args.drafter, model, dtype=dtype)
     positions = model.config.max_position_embeddings
     if positions is not None and args.context + args.tokens_per_request > positions:
         p.error(f"--context {args.context} + --tokens-per-request {args.tokens_per_request} exceeds the target's "
                 f"max_position_embeddings ({positions})")
-    drafter = None
-    if args.drafter is not None:  # loaded (and checked) before anything is measured or written
-        with missing_inputs_are_usage_errors(p):
-            drafter = load_drafter(args.drafter, model, dtype=dtype)
+    if drafter is not None:
         check_gamma(drafter, args.gamma)
     step = target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
     name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
