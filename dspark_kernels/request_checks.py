@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .models.config import ModelConfig
+from .ops._validate import is_int
 from .sampling import as_int
 
 __all__ = ["check_decode_args", "check_prompts", "check_requests", "check_step_logits", "stop_tokens"]
@@ -34,9 +35,9 @@ def _token_id(name: str, t: object, vocab_size: int) -> int:
 
 def check_decode_args(max_new_tokens: object, page_size: object) -> None:
     """A decode call's ``max_new_tokens`` (an int >= 0, not a bool) and KV-cache ``page_size`` (an int >= 1)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+    if not is_int(page_size) or page_size < 1:
         raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
 
 

@@ -42,6 +42,7 @@ import torch
 
 from ..models import CausalLM
 from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
+from ..ops._validate import is_int
 from ..request_checks import check_requests
 from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
 from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
@@ -146,7 +147,7 @@ class Engine:
         if policy.replay_only:
             raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
         for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         from .sps import SPSProfile  # at call time: importing the package must not import sps (see above)
 
@@ -177,7 +178,7 @@ class Engine:
                     top_p: float = 1.0, seed: int | None = None, eos: int | Sequence[int] | None = None) -> int:
         """Queue a request (prefilled at the next step with room); returns its id. ``eos``: a stop token id, or
         several (e.g. ``target.config.eos_token_ids``)."""
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         (prompt,), stop = check_requests(self.target.config, [prompt], max_new_tokens, eos)
         check_sampling(temperature, top_k, top_p)
@@ -325,7 +326,7 @@ def run_closed_loop(engine: Engine, prompts: Sequence[Sequence[int]], concurrenc
     :meth:`Engine.metrics` plus ``elapsed_s``,
     ``system_tps`` (new tokens / wall time), ``per_user_tps`` (list, one per request), ``concurrency``, and
     ``rids`` (the engine ids, in prompt order)."""
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= engine.max_batch:
+    if not is_int(concurrency) or not 1 <= concurrency <= engine.max_batch:
         raise ValueError(f"concurrency must be an int in [1, max_batch = {engine.max_batch}], got {concurrency!r}")
     seeds = list(range(len(prompts))) if seeds is None else list(seeds)
     if len(seeds) != len(prompts):

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from ..ops._validate import is_int
 from .transformer import CausalLM
 
 __all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "check_drafter_target", "check_gamma",
@@ -65,7 +66,7 @@ class Drafter(Protocol):
 def check_gamma(drafter: object, gamma: object) -> None:
     """``gamma`` (the most drafts a round asks for) an int >= 1 and within the drafter's ``max_gamma`` when it has
     one, checked before decoding starts (an adaptive length may reach ``gamma`` only after some rounds)."""
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+    if not is_int(gamma) or gamma < 1:
         raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
     most = getattr(drafter, "max_gamma", None)
     if most is not None and gamma > most:

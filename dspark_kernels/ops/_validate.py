@@ -13,6 +13,11 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
+def is_int(value: object) -> bool:
+    """A Python int that is not a bool: ``True`` is not the count or size 1."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_tensor(
     name: str,
     t: object,
@@ -76,7 +81,7 @@ def check_draft_offsets(draft_token_ids: object, cu_num_draft_tokens: object, ma
     draft at most ``max_spec_len`` (an int >= 0) long. Returns the host int64 draft lengths ``[R]``."""
     check_tensor("draft_token_ids", draft_token_ids, ndim=1, dtypes=INDEX_DTYPES, device=device)
     check_tensor("cu_num_draft_tokens", cu_num_draft_tokens, ndim=1, dtypes=INDEX_DTYPES, device=device)
-    if not isinstance(max_spec_len, int) or isinstance(max_spec_len, bool) or max_spec_len < 0:
+    if not is_int(max_spec_len) or max_spec_len < 0:
         raise ValueError(f"max_spec_len must be an int >= 0, got {max_spec_len!r}")
     cu = check_cu_seqlens("cu_num_draft_tokens", cu_num_draft_tokens, draft_token_ids.shape[0])
     lens = cu[1:] - cu[:-1]
@@ -124,7 +129,7 @@ def check_paged_requests(
                          f"{cu_seqlens_q.shape[0]} (one of the two has the wrong length)")
     check_tensor("page_table", page_table, ndim=2, dtypes=INDEX_DTYPES, device=lens.device)
     check_shape("page_table", page_table, (r, None))
-    if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+    if not is_int(page_size) or page_size < 1:
         raise ValueError(f"page_size (the cache's dim 1) must be an int >= 1, got {page_size!r}")
     cu = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q if total_q is not None else int(cu_seqlens_q[-1]))
     n = lens.detach().to("cpu", torch.int64)
@@ -176,7 +181,7 @@ def check_attention_call(sm_scale: object, max_seqlen_q: object, q_lens: torch.T
             raise ValueError(f"sm_scale must be a finite number > 0 (or None for head_dim ** -0.5), got {sm_scale!r}")
     if max_seqlen_q is not None:
         longest = int(q_lens.max()) if q_lens.numel() else 0
-        if not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool) or max_seqlen_q < longest:
+        if not is_int(max_seqlen_q) or max_seqlen_q < longest:
             raise ValueError(f"max_seqlen_q must be an int >= the longest query ({longest} rows), got {max_seqlen_q!r}")
 
 
@@ -197,7 +202,7 @@ def check_plan_args(page_table: object, cu_seqlens_q: object, lens: object, lens
     """The arguments of the attention ops' ``plan_*`` functions (the op's request layout, without queries or cache)."""
     device = page_table.device if isinstance(page_table, torch.Tensor) else None
     check_paged_requests(lens_name, lens, page_table, cu_seqlens_q, None, page_size, None, device)
-    if not isinstance(num_q_heads, int) or isinstance(num_q_heads, bool) or num_q_heads < 1:
+    if not is_int(num_q_heads) or num_q_heads < 1:
         raise ValueError(f"num_q_heads must be an int >= 1, got {num_q_heads!r}")
 
 

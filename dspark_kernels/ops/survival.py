@@ -44,7 +44,7 @@ from ..reference.survival import (
 )
 from ._dispatch import resolve_impl
 from ._layout import unit_inner_stride
-from ._validate import INDEX_DTYPES, check_cu_seqlens, check_finite, check_shape, check_tensor
+from ._validate import INDEX_DTYPES, check_cu_seqlens, check_finite, check_shape, check_tensor, is_int
 
 __all__ = [
     "capacity_unconstrained",
@@ -255,7 +255,7 @@ def _budget_tensor(budget: int | torch.Tensor, device: torch.device, check: bool
             check_tensor("budget", budget, dtypes=INDEX_DTYPES, device=device)
             check_shape("budget", budget.reshape(-1), (1,))
         k = budget.reshape(1)
-    elif isinstance(budget, int) and not isinstance(budget, bool):
+    elif is_int(budget):
         k = torch.tensor([budget], dtype=torch.int64, device=device)
     else:
         raise TypeError(f"budget must be an int or a [1] integer tensor, got {type(budget).__name__}")
