@@ -15,21 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_kernels.ops import (
-    draft_block_attention,
-    prefix_survival,
-    rejection_sample,
-    select_verify_lengths_alg1,
-    select_verify_lengths_topk,
-    sequential_head,
-    verify_attention,
-)
+from dspark_kernels.ops import draft_block_attention, rejection_sample, sequential_head, verify_attention
 from tests import test_rejection_sample as rs
 from tests import test_sequential_head as sh
 from tests.test_draft_block_attention import CASES as BLOCK_CASES
 from tests.test_draft_block_attention import make_block_batch
 from tests.test_survival import CONFIGS as SURVIVAL_CONFIGS
-from tests.test_survival import decreasing_sps, random_batch
+from tests.test_survival import check_kernels_match_reference
 from tests.test_verify_attention import CASES as VERIFY_CASES
 from tests.test_verify_attention import assert_close_ratio, make_paged_batch
 
@@ -152,17 +144,4 @@ def test_sequential_head_on_the_gpu(case, greedy_only):
 @pytest.mark.parametrize("quantized", [False, True], ids=["continuous", "ties"])
 @pytest.mark.parametrize("r,gamma", SURVIVAL_CONFIGS)
 def test_survival_and_scheduling_on_the_gpu(r, gamma, quantized):
-    gen = torch.Generator().manual_seed(1000 * r + gamma + quantized)
-    logits, cu, temps = random_batch(r, gamma, gen, quantized)
-    ref = prefix_survival(logits, cu, temps, impl="torch")
-    tri = prefix_survival(logits.to(CUDA), cu.to(CUDA), temps.to(CUDA), impl="triton")
-    torch.testing.assert_close(tri.cpu(), ref, rtol=1e-6, atol=1e-7)
-    a, cu_gpu = ref.to(CUDA), cu.to(CUDA)  # the schedulers read the same survivals on both sides
-    n = logits.numel()
-    for bmax in (r, r + n // 3, r + n + 5):
-        sps = decreasing_sps(bmax, gen)
-        assert torch.equal(select_verify_lengths_alg1(a, cu_gpu, sps.to(CUDA), impl="triton").cpu(),
-                           select_verify_lengths_alg1(ref, cu, sps, impl="torch"))
-    for k in (0, 1, n // 2, n + 3):
-        assert torch.equal(select_verify_lengths_topk(a, cu_gpu, torch.tensor([k], device=CUDA), impl="triton").cpu(),
-                           select_verify_lengths_topk(ref, cu, k, impl="torch"))
+    check_kernels_match_reference(r, gamma, quantized, CUDA)

@@ -69,28 +69,37 @@ def random_batch(r: int, gamma: int, gen: torch.Generator, quantized: bool):
 CONFIGS = [(1, 1), (1, 16), (3, 1), (5, 4), (16, 7), (64, 16)]
 
 
-@pytest.mark.parametrize("quantized", [False, True], ids=["continuous", "ties"])
-@pytest.mark.parametrize("r,gamma", CONFIGS)
-def test_triton_matches_reference(r, gamma, quantized):
+def check_kernels_match_reference(r: int, gamma: int, quantized: bool, device: torch.device) -> None:
+    """The survival and scheduling kernels on ``device`` (their inputs moved there, the outputs read back) against the
+    reference on the CPU, on one random batch; the schedulers of both sides read the reference's survivals."""
     gen = torch.Generator().manual_seed(1000 * r + gamma + quantized)
     logits, cu, temps = random_batch(r, gamma, gen, quantized)
+    cu_dev = cu.to(device)
     for t in (temps, None):
         ref = prefix_survival(logits, cu, t, impl="torch")
-        tri = prefix_survival(logits, cu, t, impl="triton")
+        tri = prefix_survival(logits.to(device), cu_dev, None if t is None else t.to(device), impl="triton").cpu()
         torch.testing.assert_close(tri, ref, rtol=1e-6, atol=1e-7)
         assert torch.equal(tri == 0, ref == 0)
+    a = ref.to(device)
     n = logits.numel()
     for bmax in (r, r + n // 3, r + n + 5):  # tables ending at B = R, mid-path, and past every candidate
         sps = decreasing_sps(bmax, gen)
         lens_ref = select_verify_lengths_alg1(ref, cu, sps, impl="torch")
-        assert torch.equal(select_verify_lengths_alg1(ref, cu, sps, impl="triton"), lens_ref)
+        assert torch.equal(select_verify_lengths_alg1(a, cu_dev, sps.to(device), impl="triton").cpu(), lens_ref)
         assert bool((lens_ref <= cu[1:] - cu[:-1]).all()) and int(lens_ref.sum()) <= bmax - r
         k_ref = capacity_unconstrained(ref, cu, sps, impl="torch")
-        assert torch.equal(capacity_unconstrained(ref, cu, sps, impl="triton"), k_ref)
+        assert torch.equal(capacity_unconstrained(a, cu_dev, sps.to(device), impl="triton").cpu(), k_ref)
     for k in (0, 1, n // 2, n + 3):
         lens_ref = select_verify_lengths_topk(ref, cu, k, impl="torch")
-        assert torch.equal(select_verify_lengths_topk(ref, cu, torch.tensor([k]), impl="triton"), lens_ref)
+        assert torch.equal(select_verify_lengths_topk(a, cu_dev, torch.tensor([k], device=device), impl="triton").cpu(),
+                           lens_ref)
         assert int(lens_ref.sum()) == min(k, int((ref > 0).sum()))
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["continuous", "ties"])
+@pytest.mark.parametrize("r,gamma", CONFIGS)
+def test_triton_matches_reference(r, gamma, quantized):
+    check_kernels_match_reference(r, gamma, quantized, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
