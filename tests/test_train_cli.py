@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,12 @@ def setup(tmp_path_factory):
     return root
 
 
+def run_argv(setup, name: str, work: Path, out: Path, *more: str) -> list[str]:
+    """A trainer's command line on this module's tiny target and rollouts: ``work``/``out`` directories, batch 2."""
+    return ["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"), "--work-dir",
+            str(work), "--out", str(out), "--batch-size", "2", *more]
+
+
 @pytest.mark.parametrize("name,cli,extra", [
     ("dspark", block_cli, ["--rank", "8", "--gammas", "3", "5", "--anchors", "4", "--feature-layers", "0", "2"]),
     ("dflash", block_cli, ["--loss", "dflash", "--rank", "0", "--gammas", "3", "--anchors", "4",
@@ -37,9 +44,7 @@ def setup(tmp_path_factory):
     ("mtp1", chain_cli, []),
 ])
 def test_train_resume_save_load(setup, name, cli, extra, capsys):
-    common = ["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
-              "--work-dir", str(setup / "runs" / name), "--out", str(setup / "out" / name), "--batch-size", "2",
-              "--ckpt-every", "1", *extra]
+    common = run_argv(setup, name, setup / "runs" / name, setup / "out" / name, "--ckpt-every", "1", *extra)
     cli.main(common + ["--steps", "2", "--resume"])  # nothing to resume yet: starts at step 0 and says so
     assert "--resume: no checkpoint at" in capsys.readouterr().err
     cli.main(common + ["--steps", "3", "--resume"])
@@ -68,9 +73,7 @@ def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra, capsys):
     """``--init DIR`` starts from a saved drafter: at learning rate 0 the saved weights come back unchanged, at the
     default rate they move from there; a different architecture or a missing directory is a clear error."""
     def run(tag, *more, arch=extra):
-        cli.main(["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
-                  "--work-dir", str(setup / "init_runs" / tag), "--out", str(setup / "init_out" / tag),
-                  "--batch-size", "2", *arch, *more])
+        cli.main(run_argv(setup, name, setup / "init_runs" / tag, setup / "init_out" / tag, *arch, *more))
 
     run(f"{name}-base", "--steps", "2")
     base = setup / "init_out" / f"{name}-base"
@@ -155,9 +158,8 @@ def test_a_run_interrupted_and_resumed_ends_bit_identical(setup, name, cli, extr
     from dspark_kernels.train import loop
 
     def run(tag, *more):
-        cli.main(["--name", name, "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
-                  "--work-dir", str(setup / "kill_runs" / tag), "--out", str(setup / "kill_out" / tag),
-                  "--batch-size", "2", "--ckpt-every", "1", "--steps", "5", *extra, *more])
+        cli.main(run_argv(setup, name, setup / "kill_runs" / tag, setup / "kill_out" / tag, "--ckpt-every", "1",
+                          "--steps", "5", *extra, *more))
 
     def interrupted_after(n):
         def run_training(drafter, args, rng, loss_fn):
@@ -187,10 +189,8 @@ def test_calibration_refuses_a_drafter_without_a_confidence_head(setup, tmp_path
     held = Rollouts([[1, rng.randrange(4, 64)] for _ in range(4)], [[rng.randrange(4, 64) for _ in range(8)]] * 4,
                     [1.0] * 4, [0] * 4)
     save_rollouts(held, tmp_path / "rollouts", "heldout")
-    block_cli.main(["--name", "dflash", "--loss", "dflash", "--rank", "0", "--gammas", "3", "--anchors", "4",
-                    "--feature-layers", "1", "--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"),
-                    "--work-dir", str(tmp_path / "run"), "--out", str(tmp_path / "dflash"), "--batch-size", "2",
-                    "--steps", "1"])
+    block_cli.main(run_argv(setup, "dflash", tmp_path / "run", tmp_path / "dflash", "--loss", "dflash", "--rank", "0",
+                            "--gammas", "3", "--anchors", "4", "--feature-layers", "1", "--steps", "1"))
     from dspark_kernels.train import calibration
 
     with pytest.raises(SystemExit, match="this drafter has no confidence head"):
