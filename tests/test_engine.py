@@ -16,7 +16,7 @@ from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, drafting_gain, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
-from dspark_kernels.engine.sps import SPSProfile, read_profile
+from dspark_kernels.engine.sps import SPSProfile, profile_drafter, read_profile
 from dspark_kernels.models import generate
 from dspark_kernels.models.drafter_api import DraftOutput, NullDrafter
 from tests.lossless import assert_follows_target
@@ -213,6 +213,17 @@ def test_engine_drafts_the_policy_width_and_stays_exact(target, drafter, monkeyp
 def flat_profile(max_b: int, rate: float) -> SPSProfile:
     sizes = tuple(range(1, max_b + 1))
     return SPSProfile("test", "tiny-plain", sizes, ((rate,) * max_b,), source="modelled")
+
+
+def test_profile_drafter_times_every_request_count(target):  # noqa: F811
+    # each request count keeps its own contexts, so the interleaved timing passes never rebuild them
+    drafter, built = make_drafter(target), []
+    new_state = drafter.new_state
+    drafter.new_state = lambda *a, **k: built.append(a) or new_state(*a, **k)
+    prof = profile_drafter(target, drafter, 3, device="cpu", model="tiny-rounds", context=12, gamma=3, warmup=1,
+                           repeats=3, sync=lambda: None)
+    assert prof.batch_sizes == (1, 2, 3) and all(v > 0 for v in prof.steps_per_s[0])
+    assert len(built) == 3  # one drafter state per request count, built before the timed passes
 
 
 def test_drafting_gain_hand_cases():

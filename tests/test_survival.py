@@ -355,9 +355,24 @@ def test_sps_profile_round_trip(tmp_path):
 
 
 def test_sps_table_never_rises_with_batch():
-    # a noisy measurement (B = 2 slower than B = 3) reads as B = 2 padded into the faster B = 3 run
+    # a noisy measurement (B = 2 slower than B = 3 and 4) is pooled with them: their mean, 95
     prof = SPSProfile("cpu", "m", (1, 2, 3, 4, 6), ((100.0, 93.0, 97.0, 95.0, 80.0),))
-    assert prof.as_table(6).tolist() == [100.0, 100.0, 97.0, 97.0, 95.0, 80.0, 80.0]
+    assert prof.as_table(6).tolist() == [100.0, 100.0, 95.0, 95.0, 95.0, 80.0, 80.0]
+
+
+def test_sps_table_outlier_does_not_lift_the_smaller_sizes():
+    # one fast outlier at B = 6 is averaged with B = 2..5 (least-squares non-increasing fit); taking the best rate
+    # of any larger size instead made B = 2..5 read 120 steps/s, so Algorithm 1 filled them for free
+    prof = SPSProfile("cpu", "m", tuple(range(1, 9)), ((100.0, 90.0, 90.0, 90.0, 90.0, 120.0, 80.0, 80.0),))
+    assert prof.as_table(8).tolist() == [100.0, 100.0] + [96.0] * 5 + [80.0, 80.0]
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(20):  # the fit of random rates never rises, keeps their sum and is idempotent
+        rates = tuple((50 + 100 * torch.rand(12, generator=rng)).tolist())
+        fitted = SPSProfile("cpu", "m", tuple(range(1, 13)), (rates,)).as_table(12)[1:]
+        assert bool((fitted[1:] <= fitted[:-1]).all())
+        assert float(fitted.sum()) == pytest.approx(sum(rates), rel=1e-5)
+        again = SPSProfile("cpu", "m", tuple(range(1, 13)), (tuple(fitted.tolist()),)).as_table(12)[1:]
+        assert torch.allclose(again, fitted)
 
 
 def test_sps_profile_context_buckets(tmp_path):
@@ -435,8 +450,25 @@ def test_profile_target_measures_each_size():
     calls = []
     prof = profile_target(calls.append, 3, device="cpu", model="fake", warmup=1, repeats=2, sync=lambda: None)
     assert prof.source == "measured" and prof.batch_sizes == (1, 2, 3)
-    assert calls == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert calls == [1, 2, 3, 1, 2, 3, 3, 2, 1]  # warm-up, then timed passes up and down
     assert all(v > 0 for v in prof.steps_per_s[0])
+
+
+def test_profile_target_survives_a_burst_of_machine_speed():
+    # a step of B tokens takes B seconds, except during one pass's worth of calls in the middle of the profile
+    # (another process left the machine, or a clock boost), when it takes B / 2: measured size after size, the
+    # sizes timed then would read twice as fast; interleaved, each size sees at most one fast call of five
+    clock, calls = [0.0], [0]
+
+    def step(b: int) -> None:
+        fast = 12 <= calls[0] < 18
+        calls[0] += 1
+        clock[0] += b / 2 if fast else b
+
+    prof = profile_target(step, 6, device="cpu", model="fake", warmup=0, repeats=5, sync=lambda: None,
+                          clock=lambda: clock[0])
+    assert prof.steps_per_s[0] == pytest.approx([1 / b for b in range(1, 7)])
+
 
 
 # -------------------------------------------------------------------------------------------------- bad inputs

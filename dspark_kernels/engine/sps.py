@@ -106,29 +106,40 @@ class SPSProfile:
     def as_table(self, max_tokens: int, context_len: int | None = None) -> torch.Tensor:
         """The scheduler's ``sps_table`` ``[Bmax + 1]`` float32, index B.
 
-        A batch of B tokens can always run padded to any measured size b >= B (the padded CUDA-graph bucket), so
-        ``table[B]`` is the best rate among the measured sizes >= B. For a staircase measured on a GPU this is the
-        next bucket's rate; it also means that a measured rate which dips below a larger size's (timing noise on a
-        busy host) does not make the table rise with B, which Algorithm 1's first-non-improvement stop would read as
-        a wall. ``Bmax = min(max_tokens, last measured B)``: nothing is extrapolated past the profiled range, so the
-        returned table can be shorter than requested and the scheduler never admits a batch larger than was
-        measured. Entry 0 (unused) repeats entry 1.
+        The measured rates are first fitted by the closest non-increasing sequence (:func:`_non_increasing_fit`,
+        least squares): a step over more tokens never reads as faster than one over fewer, which Algorithm 1's
+        first-non-improvement stop needs (a dip would read as a wall), and a timing outlier is averaged with its
+        neighbours instead of lifting every smaller size to its rate. A real staircase (a GPU's tile or CUDA-graph
+        buckets) is non-increasing already and is kept as measured. An unmeasured B between measured sizes gets the
+        rate of the next measured size (it can run padded to it). ``Bmax = min(max_tokens, last measured B)``:
+        nothing is extrapolated past the profiled range, so the returned table can be shorter than requested and the
+        scheduler never admits a batch larger than was measured. Entry 0 (unused) repeats entry 1.
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        row = self._row(context_len)
+        fitted = _non_increasing_fit(self._row(context_len))
         bmax = min(max_tokens, self.batch_sizes[-1])
-        best_from = list(row)  # best_from[i] = max rate over measured sizes i, i + 1, ...
-        for i in range(len(best_from) - 2, -1, -1):
-            best_from[i] = max(best_from[i], best_from[i + 1])
         table = torch.empty(bmax + 1, dtype=torch.float32)
         i = 0
         for b in range(1, bmax + 1):
             while self.batch_sizes[i] < b:
                 i += 1
-            table[b] = best_from[i]
+            table[b] = fitted[i]
         table[0] = table[1]
         return table
+
+
+def _non_increasing_fit(rates: Sequence[float]) -> list[float]:
+    """The non-increasing sequence closest to ``rates`` in least squares (pool adjacent violators): each run of
+    sizes whose rates rise with B is replaced by its mean, repeated until no rise is left."""
+    blocks: list[list[float]] = []  # [sum, count] of pooled neighbouring sizes
+    for rate in rates:
+        blocks.append([rate, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [total / count for total, count in blocks for _ in range(int(count))]
 
 
 def _fail(where: str, field_name: str, why: str) -> ValueError:
@@ -256,27 +267,31 @@ def profile_target(
     warmup: int = 3,
     repeats: int = 10,
     sync: Callable[[], None] = _default_sync,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SPSProfile:
     """Measure steps/s at each batch size (default 1..max_batch): ``1 / median`` of ``repeats`` timed steps.
 
     ``step_fn(B)`` runs one verify forward of B tokens; ``sync`` waits for the device (CUDA synchronise by
     default) before and after each timed call. ``warmup`` untimed calls per size absorb compilation/graph capture.
+    The timed calls are interleaved: ``repeats`` passes over every size (alternately up and down), so a change of
+    the machine's speed during profiling (another process, a clock or power state) lands on every size alike
+    instead of on the few sizes measured while it lasted, which would read as a false step in the staircase.
     """
     sizes = tuple(batch_sizes) if batch_sizes is not None else tuple(range(1, max_batch + 1))
     if warmup < 0 or repeats < 1:
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup}, {repeats}")
-    rates = []
     for b in sizes:
         for _ in range(warmup):
             step_fn(b)
-        sync()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
+    times: dict[int, list[float]] = {b: [] for b in sizes}
+    for rep in range(repeats):
+        for b in sizes if rep % 2 == 0 else reversed(sizes):
+            sync()
+            start = clock()
             step_fn(b)
             sync()
-            times.append(time.perf_counter() - start)
-        rates.append(1.0 / max(statistics.median(times), 1e-9))
+            times[b].append(clock() - start)
+    rates = [1.0 / max(statistics.median(times[b]), 1e-9) for b in sizes]
     return SPSProfile(device, model, sizes, (tuple(rates),), source="measured")
 
 
@@ -299,8 +314,9 @@ def profile_drafter(
 
     A round is what the engine spends on the drafter per step: R requests holding ``context`` tokens each draft
     ``gamma`` tokens (T = 1), taking ``kept`` committed tokens each into their context in the same call, as the
-    engine hands over what the previous verify round kept (about tau at T = 1). Each size starts from fresh
-    contexts, built in its first warm-up call (so ``warmup`` must be >= 1).
+    engine hands over what the previous verify round kept (about tau at T = 1). Each size keeps its own contexts,
+    built in its first warm-up call (so ``warmup`` must be >= 1), so that the sizes can be timed interleaved
+    (:func:`profile_target`); they hold ``max_requests * (max_requests + 1) / 2`` drafter contexts in all.
     """
     from ..sampling import Sampling
     from ._common import draft, prefill
@@ -308,11 +324,11 @@ def profile_drafter(
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 (the first call of each size builds its contexts), got {warmup}")
     dev = target.device
-    pages = max_requests * -(-(context + kept * (warmup + repeats) + gamma + 1) // 16)
-    now: dict = {}
+    pages_per_request = -(-(context + kept * (warmup + repeats) + gamma + 1) // 16)
+    rounds: dict[int, tuple] = {}  # R -> the arguments of its draft call
 
-    def start(r: int) -> None:
-        cache, dstate = target.new_cache(pages, 16), drafter.new_state(pages, 16)
+    def start(r: int) -> tuple:
+        cache, dstate = target.new_cache(r * pages_per_request, 16), drafter.new_state(r * pages_per_request, 16)
         rids = list(range(r))
         for rid in rids:
             cache.add_request(rid)
@@ -322,16 +338,15 @@ def profile_drafter(
         anchors = prefill(target, drafter, cache, dstate, rids, [[1] * context] * r, sampling, defer=deferred.append)
         ids, feats, cu = deferred[0]
         drafter.extend(dstate, rids, ids, feats, cu)
-        now.update(r=r, dstate=dstate, rids=rids, sampling=sampling, anchors=torch.tensor(anchors, device=dev),
-                   ids=torch.ones(kept * r, dtype=torch.int64, device=dev),
-                   feats=feats.new_zeros(kept * r, feats.shape[1]),
-                   cu=torch.arange(0, kept * r + 1, kept, dtype=torch.int32, device=dev))
+        new_context = (torch.ones(kept * r, dtype=torch.int64, device=dev), feats.new_zeros(kept * r, feats.shape[1]),
+                       torch.arange(0, kept * r + 1, kept, dtype=torch.int32, device=dev))
+        return dstate, rids, torch.tensor(anchors, device=dev), sampling, new_context
 
     def step(r: int) -> None:
-        if now.get("r") != r:
-            start(r)
-        draft(drafter, now["dstate"], now["rids"], now["anchors"], gamma, now["sampling"],
-              context=(now["ids"], now["feats"], now["cu"]))
+        if r not in rounds:
+            rounds[r] = start(r)
+        dstate, rids, anchors, sampling, new_context = rounds[r]
+        draft(drafter, dstate, rids, anchors, gamma, sampling, context=new_context)
 
     return profile_target(step, max_requests, device=device, model=model, warmup=warmup, repeats=repeats, sync=sync)
 
