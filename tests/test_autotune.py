@@ -224,8 +224,9 @@ def test_sps_cli(tmp_path):
                                  "--repeats", "1", "--drafter", str(drafter), "--max-requests", "3"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    rounds = read_profile(tmp_path / "cpu__dspark_target_dspark_rounds.json")
-    assert rounds.batch_sizes == (1, 2, 3) and "draft rounds/s" in proc.stdout
+    for tag, slots in (("", 7), ("_w1", 1)):
+        rounds = read_profile(tmp_path / f"cpu__dspark_target_dspark_rounds{tag}.json")
+        assert rounds.batch_sizes == (1, 2, 3) and f"draft rounds/s at {slots} slot(s)" in proc.stdout
     proc = subprocess.run(cmd + ["--device", "cpu", "--warmup", "0", "--drafter", str(drafter)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and "--warmup must be >= 1" in proc.stderr

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dspark_kernels.engine.engine import Engine, run_closed_loop
-from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, drafting_gain, make_policy
+from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, best_common_length, drafting_gain, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, profile_drafter, read_profile
@@ -174,12 +174,17 @@ def test_draft_widths_follow_each_policy():
     alg1 = make_policy("dspark")
     alg1.bind(profile, GAMMA, 4)
     assert alg1.draft_width([0, 1], 0) == GAMMA  # nothing chosen yet
-    alg1._next_width(torch.tensor([1, 0, 0, 0]), GAMMA)
-    assert alg1.draft_width([0, 1], 1) == 2  # one more than the mean choice, rounded up
-    alg1._next_width(torch.tensor([2, 0, 0, 0]), 2)
-    assert alg1.draft_width([0, 1], 2) == 2  # one long choice does not widen the whole batch
-    alg1._next_width(torch.tensor([2, 2, 1, 2]), 2)
-    assert alg1.draft_width([0, 1], 3) == 4  # the mean nearly fills the width: doubles (capped at gamma)
+    # SPS(B) = 1 / (1 + B / 6) and drafting free: two requests at mean survival 0.5, 0.1, 0.05, 0 expect 3 / (5/3) =
+    # 1.8, 3.2 / 2 = 1.6, 3.3 / (7/3) = 1.41 tokens per unit time verifying 1, 2, 3 drafts each: one slot
+    alg1._mean_survival, alg1._widths = [0.5, 0.1, 0.05, 0.0], {}
+    assert alg1.draft_width([0, 1], 1) == 1
+    # 0.95, 0.9, 0.85, 0.8: 2.34, 2.85, 3.17, 3.38 for two requests: all four slots
+    alg1._mean_survival, alg1._widths = [0.95, 0.9, 0.85, 0.8], {}
+    assert alg1.draft_width([0, 1], 2) == 4
+    alg1._mean_survival, alg1._widths = [0.05, 0.0, 0.0, 0.0], {}  # a plain step would be best: still one slot
+    assert alg1.draft_width([0, 1], 3) == 1
+    alg1._remember(torch.full((2 * GAMMA,), 0.9), 2, GAMMA, 4)  # a drafted round moves the mean: widths recomputed
+    assert alg1._widths == {} and alg1.draft_width([0, 1], 5) > 1
     threshold = make_policy("threshold0.5")
     threshold.bind(profile, GAMMA, 4)
     threshold.choose(torch.full((2, GAMMA), -5.0), [0, 1], 0)
@@ -229,12 +234,17 @@ def test_profile_drafter_times_every_request_count(target):  # noqa: F811
 def test_drafting_gain_hand_cases():
     draft = torch.tensor([0.0, 10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0])  # steps/s by verified tokens, B = 0..8
     plain = torch.tensor([0.0, 20.0, 18.0])
-    assert drafting_gain([0.9, 0.8], 1, draft, plain) == pytest.approx(21.6 / 20)  # k = 2: (1 + 0.9 + 0.8) * 8
-    assert drafting_gain([0.5, 0.25], 1, draft, plain) == pytest.approx(14 / 20)  # best k = 2: 1.75 * 8
+    rate = lambda k: draft if k else plain  # noqa: E731 (rate(k): a round that drafts k slots; k = 0, a plain step)
+    assert drafting_gain([0.9, 0.8], 1, rate) == pytest.approx(21.6 / 20)  # k = 2: (1 + 0.9 + 0.8) * 8
+    assert drafting_gain([0.5, 0.25], 1, rate) == pytest.approx(14 / 20)  # best k = 2: 1.75 * 8
     # best k = 2: 2 * 2.7 * 5 = 27 against 2 * 18 = 36; k = 4 is past B = 8
-    assert drafting_gain([0.9, 0.8, 0.7, 0.6], 2, draft, plain) == pytest.approx(27 / 36)
+    assert drafting_gain([0.9, 0.8, 0.7, 0.6], 2, rate) == pytest.approx(27 / 36)
     # best k = 2: 2 * 3 * 5 = 30 against 2 * 10 = 20
-    assert drafting_gain([1.0, 1.0, 1.0], 2, draft, torch.tensor([0.0, 20.0, 10.0])) == pytest.approx(30 / 20)
+    plain = torch.tensor([0.0, 20.0, 10.0])  # rate(0) reads it from here on
+    assert drafting_gain([1.0, 1.0, 1.0], 2, rate) == pytest.approx(30 / 20)
+    # the best common length itself, plain steps included: k = 0 (2 * 10 = 20) beats k = 1 (2 * 1.1 * 7 = 15.4)
+    assert best_common_length([0.1, 0.0], 2, rate) == (0, pytest.approx(20.0))
+    assert best_common_length([0.1, 0.0], 2, rate, min_length=1) == (1, pytest.approx(15.4))
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -449,6 +459,35 @@ def test_step_table_adds_the_draft_round_of_the_live_requests():
     assert plain.step_table(2) is plain.sps_table  # no draft profile: drafting taken as free
 
 
+def test_draft_cost_follows_the_width():
+    """With the narrow (one-slot) draft profile the draft round of R requests costs ``D(R, w)``, linear in the width
+    between the two profiles; a round's verify choice reads its drafted width's cost, and the width rule charges each
+    common length the slots it drafts."""
+    sps = SPSProfile("test", "t", tuple(range(1, 9)), ((10.0,) * 8,), source="modelled")  # 0.1 s a step
+    full = SPSProfile("test", "d", (1, 2), ((10.0, 5.0),), source="modelled")  # 0.1 s / 0.2 s at gamma = 3 slots
+    narrow = SPSProfile("test", "d1", (1, 2), ((20.0, 10.0),), source="modelled")  # 0.05 s / 0.1 s at one slot
+    charged, flat = make_policy("dspark"), make_policy("dspark")
+    charged.bind(sps, 3, 2, full, narrow)
+    flat.bind(sps, 3, 2, full)
+    for r, seconds in ((1, (0.05, 0.075, 0.1)), (2, (0.1, 0.15, 0.2))):
+        assert charged.step_table(r, 0) is charged.sps_table  # a plain step
+        for width, d in enumerate(seconds, 1):
+            assert charged.draft_seconds(r, width) == pytest.approx(d)
+            assert flat.draft_seconds(r, width) == pytest.approx(seconds[-1])
+            torch.testing.assert_close(charged.step_table(r, width)[1:], torch.full((8,), 1 / (0.1 + d)))
+    # one request, survival 0.9, 0.5, 0.3 at width 3: the slots are drafted, so verifying all three is best (the
+    # draft costs the same at every verify length); for the next round, at 0.1 s a step, verifying k drafted slots is
+    # rated 1 / 0.1 = 10, 1.9 / 0.15 = 12.7, 2.4 / 0.175 = 13.7, 2.7 / 0.2 = 13.5 tokens/s: two slots; charged the
+    # full draft at every width (0.1 s): 9.5, 12, 13.5 for k = 1..3: all three
+    conf = torch.logit(torch.tensor([[0.9, 0.5 / 0.9, 0.3 / 0.5]]))
+    assert charged.choose(conf, [0], 0).tolist() == [3] and flat.choose(conf, [0], 0).tolist() == [3]
+    assert charged.draft_width([0], 1) == 2 and flat.draft_width([0], 1) == 3
+    with pytest.raises(ValueError, match="narrow_draft_profile .* needs draft_profile"):
+        make_policy("dspark").bind(sps, 3, 2, None, narrow)
+    with pytest.raises(ValueError, match="measured up to B = 1 requests"):
+        make_policy("dspark").bind(sps, 3, 2, full, SPSProfile("test", "d1", (1,), ((20.0,),), source="modelled"))
+
+
 @pytest.fixture(scope="module")
 def traces(target, drafter):  # noqa: F811
     prompts = [[1, 5 + i, 9, 2 * i + 3] for i in range(12)]
@@ -587,7 +626,8 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
     if mode == "live":
         assert all(len(p["system_tps_runs"]) == 2 and p["system_tps"] in p["system_tps_runs"] for p in data["points"])
         profiles = list((tmp_path / "sps").glob("*.json"))
-        assert len(profiles) == 2  # the target's verify steps, the draft rounds
+        assert len(profiles) == 3  # the target's verify steps, the draft rounds at gamma slots and at one
+        assert sum("rounds_w1" in p.name for p in profiles) == 1
         assert all(("invariant" in p.name) == invariant for p in profiles)
         assert data["settings"]["batch_invariant"] is invariant
         assert data["settings"]["length_range"] == 0.5

@@ -11,8 +11,8 @@ Two modes, same outputs:
   drafter at gamma 1 (:func:`baseline_drafter`). Time is wall clock on this
   machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
-  drafter's rounds/s by request count (``<target>+<drafter>-rounds[+bfloat16]``,
-  :func:`~dspark_kernels.engine.sps.profile_drafter`).
+  drafter's rounds/s by request count at gamma slots and at one (``<target>+<drafter>-rounds[+bfloat16]`` and
+  ``<target>+<drafter>-rounds-w1[+bfloat16]``, :func:`~dspark_kernels.engine.sps.profile_drafter`).
   They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
   ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean survival
   (its ``calibration.json``) instead of drafting a first round to measure it, and the engines time their rounds
@@ -162,11 +162,14 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     max_c, target_name = max(args.concurrency), Path(args.model).name
     profile, where = _live_profile(args, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
-    draft_profile, draft_where = _live_profile(
-        args, f"{target_name}+{Path(args.drafter).name}-rounds{suffix}", max_c,
-        lambda n, model: profile_drafter(target, drafter, n, device=device_name(), model=model, context=args.prompt_len,
-                                         gamma=args.gamma, warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS))
-    where += f"; draft-round profile {draft_where}"
+    draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
+    for width, tag in ((args.gamma, ""), (1, "-w1")):
+        draft_profiles[width], draft_where = _live_profile(
+            args, f"{target_name}+{Path(args.drafter).name}-rounds{tag}{suffix}", max_c,
+            lambda n, model, width=width: profile_drafter(target, drafter, n, device=device_name(), model=model,
+                                                          context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
+                                                          repeats=PROFILE_REPEATS))
+        where += f"; draft-round profile at {width} slot(s) {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
     for run_drafter, gamma in runners.values():
@@ -185,7 +188,8 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
                 eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
                              gamma, max_batch=c,
                              max_seq_len=args.prompt_len + max(caps) + args.gamma + 1,
-                             draft_profile=draft_profile if run_drafter is drafter else None,
+                             draft_profile=draft_profiles[args.gamma] if run_drafter is drafter else None,
+                             narrow_draft_profile=draft_profiles[1] if run_drafter is drafter else None,
                              clock=time.perf_counter)
                 try:
                     runs.setdefault(name, []).append(

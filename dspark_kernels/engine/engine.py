@@ -129,8 +129,9 @@ def _cat(xs: list[torch.Tensor], dtype) -> np.ndarray:
 class Engine:
     """Continuous batching over ``target`` + ``drafter`` with verify lengths from ``policy`` (see module docstring).
 
-    ``sps_profile`` (the target's verify steps/s by token count) and ``draft_profile`` (the drafter's rounds/s by
-    request count; optional, required by the gated policies) are bound to the policy: see
+    ``sps_profile`` (the target's verify steps/s by token count), ``draft_profile`` (the drafter's rounds/s by
+    request count at ``gamma`` slots; optional, required by the gated policies) and ``narrow_draft_profile`` (the same
+    at one slot; optional, with ``draft_profile``: the draft cost then follows the width) are bound to the policy: see
     :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round is taken as
     free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to ``max_seq_len``
     tokens (prompt + new tokens + gamma + 1) each. ``clock`` (e.g. ``time.perf_counter``): time every round and
@@ -141,7 +142,8 @@ class Engine:
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
-                 draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None) -> None:
+                 draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None,
+                 narrow_draft_profile: SPSProfile | None = None) -> None:
         check_gamma(drafter, gamma)
         check_drafter_target(drafter, target)
         if policy.replay_only:
@@ -158,7 +160,7 @@ class Engine:
         if positions is not None and max_seq_len > positions + gamma + 1:
             raise ValueError(f"max_seq_len ({max_seq_len}) exceeds the target's max_position_embeddings ({positions}) "
                              f"+ gamma + 1 = {positions + gamma + 1}")
-        policy.bind(sps_profile, gamma, max_batch, draft_profile)
+        policy.bind(sps_profile, gamma, max_batch, draft_profile, narrow_draft_profile)
         self.target, self.drafter, self.policy, self.gamma = target, drafter, policy, gamma
         self.max_batch, self.max_seq_len, self.impl, self.clock = max_batch, max_seq_len, impl, clock
         self.device = target.device

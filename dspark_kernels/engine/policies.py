@@ -5,37 +5,43 @@ Every policy is used in two steps per round::
     lens = policy.choose(conf_logits, live, step)   # conf_logits [R, gamma] float32 or None -> lens [R] int64
     policy.observe(accepted, lens)                  # accepted [R]: drafts accepted this round (stateful policies)
 
-after a one-time ``policy.bind(sps_profile, gamma, max_batch, draft_profile)`` that gives it the SPS table
-(``SPSProfile.as_table`` up to ``max_batch * (gamma + 1)`` tokens: the target's verify steps/s by token count B) and,
-optionally, the drafter's rounds/s by request count R (``draft_profile``, up to ``max_batch`` requests). With a draft
-profile, a round of R requests verifying B tokens is modelled to take ``1 / SPS(B) + 1 / DPS(R)`` seconds
-(:meth:`Policy.step_table`): the draft round grows with the batch like the verify forward does. Without one the draft
-round is taken as free (a GPU, where it is a few percent of a step) or as already inside ``sps_profile``. ``live``
-are the requests' ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
+after a one-time ``policy.bind(sps_profile, gamma, max_batch, draft_profile, narrow_draft_profile)`` that gives it
+the SPS table (``SPSProfile.as_table`` up to ``max_batch * (gamma + 1)`` tokens: the target's verify steps/s by token
+count B) and, optionally, the drafter's rounds/s by request count R at the full ``gamma`` slots (``draft_profile``, up
+to ``max_batch`` requests) and at one slot (``narrow_draft_profile``). With a draft profile, a round of R requests
+drafting ``w`` slots and verifying B tokens is modelled to take ``1 / SPS(B) + D(R, w)`` seconds
+(:meth:`Policy.step_table`): the draft round grows with the batch like the verify forward does, and with the width.
+``D(R, w)`` is linear in ``w`` between the two profiles' ``1 / DPS_1(R)`` and ``1 / DPS_gamma(R)``
+(``1 / DPS_gamma(R)`` at every width without the narrow profile). Without a draft profile the draft round is taken as
+free (a GPU, where it is a few percent of a step) or as already inside ``sps_profile``. ``live`` are the requests'
+ids, ``step`` the engine's round counter. Lengths stay on the confidences' device.
 
 Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no, the round is a plain decode step (no
 draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_width(live, step)`` says how many slots
 (1..gamma) the drafter fills for every live request, and ``choose`` gets ``conf_logits [R, width]``: a fixed-k policy
 drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
-and Algorithm 1 and the production variant one more slot than the mean verify length (rounded up) they chose in their
-previous drafted round, doubling while that mean nearly fills the width (the first round drafts ``gamma``). The width
-depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated DSpark
-policies (``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate with the
-draft round of the live requests included against the target's plain rate, with the expected accepted length from the
-running mean of the calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1). That mean starts from a
-prior when one is given (``prior_survival``: the drafter's held-out mean survival from its calibration), else from the
-first round, which then drafts to measure it. While the gate is closed it still probes (drafts) after ``GATE_PROBE``
-steps to refresh the mean, doubling the wait after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting
-``GATE_PROBE_MAX`` at once while drafting is far from paying (gain below ``GATE_FAR``: the accepted length would have to
-grow by a third, which one more probe will not show); the first measurement (the prior, or the first round) counts as a
-probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``) also reports every round's wall time and
-emitted tokens (``policy.observe_round``); the gate then compares measured rates where it has them (tokens/s of drafted
-rounds and of plain steps at the live request count, running means) and the modelled ones where it does not, because the
-profiles leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target
-forward evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes
-them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate
-stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling
-below plain decoding.
+and Algorithm 1 and the production variant the common drafting length that the cost model rates best at the running mean
+of their calibrated survival (:func:`best_common_length`; the first round drafts ``gamma`` unless a prior gives the
+mean), within which Algorithm 1 shares the verify budget out per request. Each round's choice reads its drafted width's
+cost (the slots are drafted by then); the width is where the draft's cost is decided (a draft slot of one request costs
+0.19 ms on this repository's CPU, a verified token 0.05 ms). The width depends on earlier rounds only. The threshold
+rule drafts ``gamma``: it stays a per-request policy. The gated DSpark policies (``dspark+gate``, ``dspark_prod+gate``)
+draft only when drafting is expected to pay: the round's rate with the draft round of the live requests included against
+the target's plain rate, with the expected accepted length from the running mean of the calibrated survival of earlier
+drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is given (``prior_survival``: the
+drafter's held-out mean survival from its calibration), else from the first round, which then drafts to measure it.
+While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
+after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while drafting is far
+from paying (gain below ``GATE_FAR``: the accepted length would have to grow by a third, which one more probe will not
+show); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
+(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time and emitted tokens
+(``policy.observe_round``); the gate then compares measured rates where it has them (tokens/s of drafted rounds and of
+plain steps at the live request count, running means) and the modelled ones where it does not, because the profiles
+leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target forward
+evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes them in,
+so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays
+open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below
+plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -49,9 +55,8 @@ Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -66,8 +71,8 @@ from ..ops.survival import (
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
 
-__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "drafting_gain",
-           "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
+__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "best_common_length",
+           "drafting_gain", "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
@@ -75,23 +80,28 @@ POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5"
 GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
 
 
-def drafting_gain(mean_survival: Sequence[float], r: int, draft_table: torch.Tensor, plain_table: torch.Tensor
-                  ) -> float:
-    """How much faster a draft round is expected to be than a plain decode step for ``r`` requests (> 1: it pays).
-
-    ``mean_survival [gamma]``: mean calibrated prefix survival per position; ``draft_table``/``plain_table``: steps/s
-    by token count with / without the draft round. The gain is the best, over common verify lengths k, of
-    ``r * (1 + sum_{j <= k} a_j) * draft_table[r (1 + k)] / (r * plain_table[r])`` (tokens/s with vs without).
-    """
-    plain = r * float(plain_table[r])
-    expected, bmax, best = 1.0, draft_table.numel() - 1, 0.0
+def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor],
+                       min_length: int = 0) -> tuple[int, float]:
+    """The common verify length ``k`` (``min_length``..len(mean_survival)) of ``r`` requests with the most expected
+    tokens/s, and that rate: ``r * (1 + sum_{j <= k} a_j) * rate(k)[r (1 + k)]``, where ``rate(k)`` is the table of
+    rounds/s by verified tokens for a round that drafted ``k`` slots (``k = 0``: a plain step). Lengths whose
+    ``r (1 + k)`` tokens pass the table's end are left out; ``(min_length, 0.0)`` when every length is."""
+    expected, best = 1.0, (min_length, 0.0)
     for k in range(len(mean_survival) + 1):
-        if k:
-            expected += float(mean_survival[k - 1])
-        if r * (1 + k) > bmax:
+        expected += float(mean_survival[k - 1]) if k else 0.0
+        table = rate(k)
+        if r * (1 + k) > table.numel() - 1:
             break
-        best = max(best, r * expected * float(draft_table[r * (1 + k)]) / plain)
+        tokens_per_s = r * expected * float(table[r * (1 + k)])
+        if k >= min_length and tokens_per_s > best[1]:
+            best = (k, tokens_per_s)
     return best
+
+
+def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor]) -> float:
+    """How much faster drafting is expected to be than a plain decode step for ``r`` requests (> 1: it pays): the best
+    rate of :func:`best_common_length` over drafting lengths ``k >= 1``, over the plain step's ``r * rate(0)[r]``."""
+    return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
 
 
 class Policy:
@@ -102,30 +112,49 @@ class Policy:
     replay_only = False
     draft_table: torch.Tensor | None = None
 
-    def bind(self, profile: SPSProfile, gamma: int, max_batch: int, draft_profile: SPSProfile | None = None) -> None:
+    def bind(self, profile: SPSProfile, gamma: int, max_batch: int, draft_profile: SPSProfile | None = None,
+             narrow_draft_profile: SPSProfile | None = None) -> None:
         """Take the SPS table ``[Bmax + 1]`` for up to ``max_batch * (gamma + 1)`` tokens and, when given, the draft
-        table ``[max_batch + 1]`` of ``draft_profile`` (rounds/s by request count); ``ValueError`` when a profile
-        does not reach ``max_batch`` (tokens for the SPS profile, one per request; requests for the draft one)."""
+        tables ``[max_batch + 1]`` of ``draft_profile`` (rounds/s by request count at ``gamma`` slots) and
+        ``narrow_draft_profile`` (the same at one slot; only with ``draft_profile``); ``ValueError`` when a profile
+        does not reach ``max_batch`` (tokens for the SPS profile, one per request; requests for the draft ones)."""
         if not isinstance(gamma, int) or gamma < 1 or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"gamma and max_batch must be ints >= 1, got {gamma!r}, {max_batch!r}")
+        if narrow_draft_profile is not None and draft_profile is None:
+            raise ValueError("narrow_draft_profile (draft rounds at one slot) needs draft_profile (at gamma slots) "
+                             "to interpolate between")
         tables = [(p, p.as_table(max_batch * (gamma + 1) if p is profile else max_batch), unit)
-                  for p, unit in ((profile, "tokens"), (draft_profile, "requests")) if p is not None]
+                  for p, unit in ((profile, "tokens"), (draft_profile, "requests"), (narrow_draft_profile, "requests"))
+                  if p is not None]
         for p, table, unit in tables:
             if table.numel() - 1 < max_batch:
                 raise ValueError(f"SPS profile {p.device}/{p.model} is measured up to B = {table.numel() - 1} {unit},"
                                  f" fewer than the {max_batch} requests of a full batch")
         self.sps_table, self.gamma = tables[0][1], gamma
         self.draft_table = tables[1][1] if draft_profile is not None else None
-        self._step_tables: dict[int, torch.Tensor] = {}
+        self.narrow_draft_table = tables[2][1] if narrow_draft_profile is not None else None
+        self._step_tables: dict[tuple[int, int], torch.Tensor] = {}
 
-    def step_table(self, r: int) -> torch.Tensor:
-        """Rounds/s of ``r`` requests by verified tokens B (index B): ``1 / (1 / SPS(B) + 1 / DPS(r))`` with a draft
-        profile bound (the live requests' draft round added to every verify forward), else the SPS table itself."""
-        if self.draft_table is None:
+    def draft_seconds(self, r: int, width: int) -> float:
+        """Modelled seconds of a draft round of ``r`` requests at ``width`` slots (``D(r, w)``, module docstring; 0
+        at width 0, and at every width without a draft profile)."""
+        if self.draft_table is None or width == 0:
+            return 0.0
+        full = 1.0 / float(self.draft_table[r])
+        if self.narrow_draft_table is None or self.gamma == 1:
+            return full
+        narrow = 1.0 / float(self.narrow_draft_table[r])
+        return narrow + (width - 1) / (self.gamma - 1) * (full - narrow)
+
+    def step_table(self, r: int, width: int | None = None) -> torch.Tensor:
+        """Rounds/s of ``r`` requests by verified tokens B (index B) when the round drafted ``width`` slots (None:
+        gamma; 0: a plain step): ``1 / (1 / SPS(B) + D(r, width))``; the SPS table itself without a draft profile."""
+        width = self.gamma if width is None else width
+        if self.draft_table is None or width == 0:
             return self.sps_table
-        table = self._step_tables.get(r)
+        table = self._step_tables.get((r, width))
         if table is None:
-            table = self._step_tables[r] = 1.0 / (1.0 / self.sps_table + 1.0 / float(self.draft_table[r]))
+            table = self._step_tables[r, width] = 1.0 / (1.0 / self.sps_table + self.draft_seconds(r, width))
         return table
 
     def drafts(self, live: Sequence, step: int) -> bool:
@@ -220,8 +249,8 @@ class _Confident(Policy):
         self.temperatures, self.gate = temperatures, gate
         if gate:
             self.name += "+gate"
-        # the gate's running mean survival per position (a host copy: it is read every step); a prior (the drafter's
-        # held-out mean) stands in for it until the first drafted round
+        # the running mean survival per position, which the width rule and the gate read (a host copy: the gate reads
+        # it every step); a prior (the drafter's held-out mean) stands in for it until the first drafted round
         self._mean_survival: list[float] | None = prior_survival
         self._drafted_rounds = 0
         self._last_drafted = 0
@@ -229,10 +258,10 @@ class _Confident(Policy):
         self._probed = False  # the last drafted round was a probe whose outcome has not set the next wait yet
         self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
         self._rates: dict[tuple[int, bool], float] = {}  # measured tokens/s by (live requests, drafted)
-        self._width: int | None = None  # the next round's draft width (None: gamma)
+        self._widths: dict[int, int] = {}  # draft width by live request count, for the current mean
 
-    def bind(self, profile, gamma, max_batch, draft_profile=None):
-        super().bind(profile, gamma, max_batch, draft_profile)
+    def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
+        super().bind(profile, gamma, max_batch, draft_profile, narrow_draft_profile)
         if self.temperatures is not None and self.temperatures.numel() < gamma:
             raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
         if self._mean_survival is not None:
@@ -242,18 +271,19 @@ class _Confident(Policy):
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
-        self._gains, self._rates, self._width = {}, {}, None
+        self._gains, self._rates, self._widths = {}, {}, {}
 
     def draft_width(self, live, step):
-        """``gamma`` until a policy that adapts its width (Algorithm 1, production) has chosen once."""
-        return self.gamma if self._width is None else self._width
-
-    def _next_width(self, lens: torch.Tensor, width: int) -> None:
-        """The next round's width from this round's verify lengths ``lens [R]`` out of ``width`` drafted slots: one
-        more than their mean rounded up, or twice the width when the mean came within half a slot of it (at most
-        gamma). The mean, not the longest: every slot of the width is drafted for every request."""
-        mean = float(lens.float().mean()) if lens.numel() else 0.0
-        self._width = min(self.gamma, 2 * width if mean >= width - 0.5 else math.ceil(mean) + 1)
+        """The drafting length (1..gamma) that :func:`best_common_length` rates best for the live requests at the
+        running mean survival (a length k drafts k slots); ``gamma`` while there is no mean (no prior, no round)."""
+        if self._mean_survival is None:
+            return self.gamma
+        r = len(live)
+        width = self._widths.get(r)
+        if width is None:
+            width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_table(r, k),
+                                                         min_length=1)[0]
+        return width
 
     def observe_round(self, r, drafted, seconds, emitted):
         if not self.gate or seconds <= 0:
@@ -267,7 +297,7 @@ class _Confident(Policy):
         survival)."""
         modelled = self._gains.get(r)
         if modelled is None:
-            modelled = self._gains[r] = drafting_gain(self._mean_survival, r, self.step_table(r), self.sps_table)
+            modelled = self._gains[r] = drafting_gain(self._mean_survival, r, lambda k: self.step_table(r, k))
         plain_model = r * float(self.sps_table[r])
         plain = self._rates.get((r, False), plain_model)
         return self._rates.get((r, True), modelled * plain_model) / plain
@@ -301,23 +331,21 @@ class _Confident(Policy):
     def _round_inputs(self, conf_logits: torch.Tensor | None, live: Sequence, step: int
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The round's calibrated prefix survival ``a [R * width]``, its offsets ``cu [R + 1]`` and the step table
-        of ``R`` live requests on ``a``'s device; the gate's running mean takes ``a`` in."""
+        of ``R`` live requests at the drafted width on ``a``'s device; the running mean takes ``a`` in."""
         conf = self._confidence(conf_logits, len(live))
         a, cu = _survival(conf, self.temperatures)
         self._remember(a, len(live), conf.shape[1], step)
-        return a, cu, self.step_table(len(live)).to(a.device)
+        return a, cu, self.step_table(len(live), conf.shape[1]).to(a.device)
 
     def _remember(self, a: torch.Tensor, r: int, width: int, step: int) -> None:
         """Fold this drafted round's survival ``a [R * width]`` into the running mean of its first ``width``
-        positions (gated policies only; later positions keep their earlier mean)."""
-        if not self.gate:
-            return
+        positions (later positions keep their earlier mean)."""
         mean = a.view(r, width).mean(dim=0).tolist()  # one read per drafted round, not per step
         self._drafted_rounds += 1
         w = max(1.0 / self._drafted_rounds, self.GATE_EMA)
         old = self._mean_survival or mean + [0.0] * (self.gamma - width)
         self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)] + old[width:]
-        self._gains = {}
+        self._gains, self._widths = {}, {}
         self._last_drafted = step
 
 
@@ -329,6 +357,9 @@ class Threshold(_Confident):
         if not 0 <= t <= 1:
             raise ValueError(f"threshold must lie in [0, 1], got {t}")
         self.t, self.name = t, f"threshold{t:g}"
+
+    def draft_width(self, live, step):
+        return self.gamma  # a per-request rule: any request may verify all gamma drafts
 
     def choose(self, conf_logits, live, step, realised=None):
         c = _calibrated(self._confidence(conf_logits, len(live)), self.temperatures)
@@ -342,9 +373,7 @@ class DSpark(_Confident):
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
-        lens = select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
-        self._next_width(lens, conf_logits.shape[1])
-        return lens
+        return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
 class DSparkProd(_Confident):
@@ -372,15 +401,15 @@ class DSparkProd(_Confident):
             k = capacity_unconstrained(stale_a, stale_cu, table, check_inputs=False)
             lens = select_verify_lengths_topk(a, cu, k, check_inputs=False)
         self._history.append((a, cu))
-        self._next_width(lens, conf_logits.shape[1])
         return lens.long()
 
 
 class SmartSpec(Policy):
     """B3: one k for the whole batch, ``argmax_k R * tau(alpha, k) * SPS(R (1 + k))`` with the i.i.d. closed form
-    ``tau = (1 - alpha^(k+1)) / (1 - alpha)``; k enumerated upward from 0 and stopped at the first drop, G(0) x 1.1;
-    re-decided every ``period`` rounds. ``alpha`` is an EMA (weight ``ema``) of the realised per-token acceptance
-    ``accepted / accept tests`` (a request verifying l drafts and accepting a ran ``a + [a < l]`` tests)."""
+    ``tau = (1 - alpha^(k+1)) / (1 - alpha)`` (with a draft profile, the rate of a round drafting k slots,
+    :meth:`Policy.step_table`; k = 0 is a plain step); k enumerated upward from 0 and stopped at the first drop,
+    G(0) x 1.1; re-decided every ``period`` rounds. ``alpha`` is an EMA (weight ``ema``) of the realised per-token
+    acceptance ``accepted / accept tests`` (a request verifying l drafts and accepting a ran ``a + [a < l]`` tests)."""
 
     name = "smartspec"
 
@@ -391,11 +420,10 @@ class SmartSpec(Policy):
         self._alpha_dev: torch.Tensor | None = None
 
     def _decide(self, r: int) -> int:
-        table = self.step_table(r)
-        bmax = table.numel() - 1
-        best_k, best = 0, self.prior * r * float(table[r])
+        best_k, best = 0, self.prior * r * float(self.sps_table[r])  # k = 0: a plain step
         for k in range(1, self.gamma + 1):
-            if r * (1 + k) > bmax:
+            table = self.step_table(r, k)  # a round that drafts k slots
+            if r * (1 + k) > table.numel() - 1:
                 break
             tau = float(k + 1) if self.alpha >= 1 else (1 - self.alpha ** (k + 1)) / (1 - self.alpha)
             g = r * tau * float(table[r * (1 + k)])

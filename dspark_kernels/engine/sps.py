@@ -310,7 +310,8 @@ def profile_drafter(
     sync: Callable[[], None] = _default_sync,
 ) -> SPSProfile:
     """The drafter's rounds/s at every request count R = 1..``max_requests`` (a profile whose ``batch_sizes`` are
-    request counts; ``Engine(..., draft_profile=...)`` adds it to every modelled round).
+    request counts; ``Engine(..., draft_profile=...)`` adds it to every modelled round; measured at ``gamma = 1`` it
+    is the ``narrow_draft_profile`` that makes the modelled draft cost follow the draft width).
 
     A round is what the engine spends on the drafter per step: R requests holding ``context`` tokens each draft
     ``gamma`` tokens (T = 1), taking ``kept`` committed tokens each into their context in the same call, as the
@@ -380,7 +381,7 @@ def target_step_fn(model, device: torch.device, max_batch: int, context: int, pe
 # ------------------------------------------------------------------------------------------------------------ CLI
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dspark_kernels.engine.sps``: measure and save the SPS profile of a target checkpoint (and, with
-    ``--drafter``, the round profile of a drafter for it)."""
+    ``--drafter``, the round profiles of a drafter for it at --gamma slots and at one)."""
     import argparse
     import sys
 
@@ -399,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--drafter", type=Path, default=None,
-                   help="also profile this drafter's rounds by request count (saved as <model>+<drafter>-rounds)")
+                   help="also profile this drafter's rounds by request count at --gamma slots and at one (saved as "
+                        "<model>+<drafter>-rounds and <model>+<drafter>-rounds-w1)")
     p.add_argument("--max-requests", type=int, default=64, help="with --drafter: R = 1..max-requests")
     p.add_argument("--gamma", type=int, default=7, help="with --drafter: draft tokens per request")
     p.add_argument("--out-dir", type=Path, action="append", help=f"where to save (repeatable; default {SPS_DIR})")
@@ -438,15 +440,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in sorted({1, 8, 16, 32, 64, 128, 256, args.max_batch}):
         if b <= args.max_batch:
             print(f"  B={b:4d}  {rates[b - 1]:10.1f} steps/s  {rates[b - 1] * b:12.0f} tokens/s")
-    if drafter is not None:
+    for width, tag in ((args.gamma, ""), (1, "-w1")) if drafter is not None else ():
         rounds = profile_drafter(model, drafter, args.max_requests, device=name,
-                                 model=f"{args.model}+{args.drafter.name}-rounds", context=args.context,
-                                 gamma=args.gamma, warmup=args.warmup, repeats=args.repeats, sync=sync)
+                                 model=f"{args.model}+{args.drafter.name}-rounds{tag}", context=args.context,
+                                 gamma=width, warmup=args.warmup, repeats=args.repeats, sync=sync)
         for out_dir in args.out_dir or [SPS_DIR]:
             print(f"sps: wrote {rounds.save(out_dir)}")
         for r in sorted({1, 8, 32, args.max_requests}):
             if r <= args.max_requests:
-                print(f"  R={r:4d}  {rounds.steps_per_s[0][r - 1]:10.1f} draft rounds/s")
+                print(f"  R={r:4d}  {rounds.steps_per_s[0][r - 1]:10.1f} draft rounds/s at {width} slot(s)")
     return 0
 
 
