@@ -313,53 +313,99 @@ def test_closed_gate_probes_less_and_less_and_reopens():
     assert far.drafts([0, 1], 777) and far._probe_wait == far.GATE_PROBE
 
 
-def test_gate_decides_on_measured_rates_where_it_has_them():
-    """Modelled, drafting pays (gain 3 / (1 + 100 / 1e9) ~ 3); measured drafted rounds at 100 tokens/s against the
-    modelled plain 200 tokens/s (two requests) close the gate; a measured plain rate replaces the modelled one."""
+def test_gate_decides_on_measured_times_once_it_has_both():
+    """Modelled, drafting pays (gain 3 / (1 + 100 / 1e9) ~ 3). Once a drafted round and a plain step of two requests
+    are both timed, the gain is the expected tokens per request at the drafted width (1 + 0.5 * 4 = 3) times the plain
+    step's time over the drafted round's (running means)."""
     policy = _gate(1e9)
     assert policy.gain(2) == pytest.approx(3.0) and policy.drafts([0, 1], 0)
-    policy.observe_round(2, True, 0.06, 6)  # 6 tokens in 60 ms: 100 tokens/s
-    assert policy.gain(2) == pytest.approx(100 / 200)
-    assert not policy.drafts([0, 1], 1)
-    policy.observe_round(2, False, 0.04, 2)  # plain steps measured at 50 tokens/s: drafting pays after all
-    assert policy.gain(2) == pytest.approx(100 / 50) and policy.drafts([0, 1], 2)
-    policy.observe_round(2, True, 0.02, 6)  # running mean: 0.8 * 100 + 0.2 * 300
-    assert policy._rates[2, True] == pytest.approx(140.0)
+    policy.observe_round(2, True, 0.06)  # a drafted round alone: still modelled
+    assert policy.gain(2) == pytest.approx(3.0)
+    policy.observe_round(2, False, 0.04)
+    assert policy.gain(2) == pytest.approx(3 * 0.04 / 0.06) and policy.drafts([0, 1], 1)
+    policy.observe_round(2, True, 0.56)  # running mean: 0.8 * 0.06 + 0.2 * 0.56 = 0.16 s
+    assert policy._seconds[2, True] == pytest.approx(0.16)
+    assert policy.gain(2) == pytest.approx(3 * 0.04 / 0.16) and not policy.drafts([0, 1], 2)
     assert policy.gain(1) == pytest.approx(_gate(1e9).gain(1))  # another live count: still modelled
     plain = make_policy("dspark")
-    plain.observe_round(2, True, 0.06, 6)  # no gate: nothing kept
-    assert plain._rates == {}
+    plain.observe_round(2, True, 0.06)  # no gate: nothing kept
+    assert plain._seconds == {}
 
 
 def test_probe_that_measures_a_slow_round_waits_the_longest_next():
-    """Modelled gain 0.89 backs off 8, 16, ...; a probe measured at 100 tokens/s (gain 0.5 < GATE_FAR) sets the
-    next wait to the longest at once, at the first decision after it."""
+    """Modelled gain 0.89 backs off 8, 16, ...; timed rounds giving gain 3 * 0.02 / 0.12 = 0.5 (< GATE_FAR) set the
+    next wait to the longest at once, at the first decision after the probe."""
     policy = _gate(42.0)
     assert _probes(policy, range(1, 10)) == [9]
-    policy.observe_round(2, True, 0.06, 6)
+    policy.observe_round(2, False, 0.02)
+    policy.observe_round(2, True, 0.12)
     assert _probes(policy, range(10, 300)) == [9 + policy.GATE_PROBE_MAX]
 
 
-def test_engine_with_a_clock_reports_every_round(target, drafter):  # noqa: F811
-    """``Engine(clock=...)`` hands each round's duration and emitted tokens to the policy; without a clock nothing."""
-    seen = []
-    ticks = iter(range(10**6))
-    for clock in (lambda: float(next(ticks)), None):
-        policy = make_policy("fixed3")
-        policy.observe_round = lambda r, drafted, seconds, emitted: seen.append((r, drafted, seconds, emitted))
+SHORT_PROMPTS = [[1, 5, 9, 13], [1, 40], [1, 7, 8]]  # at most gamma + 1 tokens: no drafter backlog at the first round
+
+
+class _DraftAtStartAndFrom(FixedK):
+    """Verifies nothing; drafts at step 0 and from step ``start`` on, plain steps in between."""
+
+    def __init__(self, start: int) -> None:
+        super().__init__(0, "draft_at_start_and_from")
+        self.start = start
+
+    def drafts(self, live, step):
+        return step == 0 or step >= self.start
+
+    def draft_width(self, live, step):
+        return self.gamma
+
+
+@pytest.mark.parametrize("prompts", [SHORT_PROMPTS, PROMPTS[:3]], ids=["short", "backlog"])
+def test_engine_with_a_clock_times_steady_rounds(target, drafter, prompts):  # noqa: F811
+    """``Engine(clock=...)`` hands the policy each plain step's duration and each drafted round's that follows a
+    drafted round (steady drafting); a drafted round after a plain step, or the first, is not timed. A backlog of
+    pending context (a 26-token prompt; six plain steps) goes to the drafter before the round's clock starts: two clock
+    reads per timed round either way. Without a clock nothing is reported."""
+    for clock in ("ticks", None):
+        seen, ticks = [], iter(range(10**6))
+        policy = _DraftAtStartAndFrom(7)
+        policy.observe_round = lambda r, drafted, seconds: seen.append((drafted, seconds))
         eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=4,
-                     max_seq_len=64, clock=clock)
-        out = run_closed_loop(eng, PROMPTS[:3], 3, 6)
-        if clock is not None:
-            assert len(seen) == out["steps"] and all(s == 1.0 and drafted for _, drafted, s, _ in seen)
-            # 6 tokens each, the first from prefill: the rounds emit exactly the other 5 (cut by the cap, not the
-            # verifier's accepted count)
-            assert seen[0][0] == 3 and sum(e for *_, e in seen) == 3 * 5
-            seen.clear()
-    assert not seen
+                     max_seq_len=64, clock=None if clock is None else (lambda: float(next(ticks))))
+        out = run_closed_loop(eng, prompts, 3, 12)
+        if clock is None:
+            assert not seen
+            continue
+        assert [d for d, _ in seen] == [False] * 6 + [True] * (out["steps"] - 8)
+        assert all(sec == 1.0 for _, sec in seen)
 
 
-def test_gate_prior_is_checked_and_replaced_by_the_first_drafted_round():
+def test_backlog_goes_to_the_drafter_before_the_round_is_timed(target, drafter, monkeypatch):  # noqa: F811
+    """A request joining a drafting batch brings its whole prompt as pending context: the drafter takes it in a call
+    of its own before the round's clock starts (here that call moves the fake clock by 100 s)."""
+    now, calls = [0.0], []
+    extend = drafter.extend
+
+    def slow_extend(*args):
+        calls.append(args[2].numel())
+        now[0] += 100.0
+        return extend(*args)
+
+    def clock():
+        now[0] += 1.0
+        return now[0]
+
+    seen = []
+    policy = make_policy("fixed3")
+    policy.observe_round = lambda r, drafted, seconds: seen.append(seconds)
+    monkeypatch.setattr(drafter, "extend", slow_extend)
+    eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=1, max_seq_len=64,
+                 clock=clock)
+    out = run_closed_loop(eng, [[1, 5, 9, 13], PROMPTS[2]], 1, 6)
+    assert calls == [26]  # the second request's 26-token prompt, after the first request's rounds
+    assert len(seen) == out["steps"] - 1 and all(sec == 1.0 for sec in seen)
+
+
+def test_gate_prior_is_checked_and_moved_by_each_drafted_round():
     with pytest.raises(ValueError, match="prior_survival must hold probabilities"):
         make_policy("dspark+gate", prior_survival=[0.5, 1.2])
     with pytest.raises(ValueError, match="3 prior survival values for gamma = 4"):
@@ -369,7 +415,8 @@ def test_gate_prior_is_checked_and_replaced_by_the_first_drafted_round():
     policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 1e9))
     assert policy.drafts([0, 1], 0)  # drafting pays on the prior alone: the first round drafts
     policy._remember(torch.full((2 * GAMMA,), 0.1), 2, GAMMA, 0)
-    assert policy._mean_survival == pytest.approx([0.1] * GAMMA)  # a measurement replaces the prior
+    # the prior stands for the held-out mean of thousands of rounds: one round moves it by GATE_EMA, not replaces it
+    assert policy._mean_survival == pytest.approx([0.9 - policy.GATE_EMA * 0.8] * GAMMA)
 
 
 def test_gate_mean_survival_is_a_plain_mean_before_the_ema():

@@ -97,6 +97,10 @@ class PendingContext:
         return (torch.cat([t for chunk in chunks for t, _ in chunk]),
                 torch.cat([f for chunk in chunks for _, f in chunk]), cu)
 
+    def longest(self, rids: Sequence) -> int:
+        """The most pending tokens any of ``rids`` holds (host metadata only: no device read)."""
+        return max((sum(t.numel() for t, _ in self._chunks.get(rid, ())) for rid in rids), default=0)
+
     def drop(self, rid) -> None:
         """Forget a finished request's pending tokens."""
         self._chunks.pop(rid, None)

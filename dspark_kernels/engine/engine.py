@@ -135,9 +135,12 @@ class Engine:
     :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round is taken as
     free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to ``max_seq_len``
     tokens (prompt + new tokens + gamma + 1) each. ``clock`` (e.g. ``time.perf_counter``): time every round and
-    report it with its emitted tokens to the policy (``Policy.observe_round``; the draft gate then decides on measured
-    rates); ``None`` (default): no timing, so every decision depends only on the profiles and earlier rounds' drafts
-    (reproducible).
+    report it to the policy (``Policy.observe_round``; the draft gate then decides on measured round times). The times
+    are those of steady drafting: a drafted round right after a plain step is not reported (its drafter's weights
+    have left the caches), and a drafting round whose requests hold more than ``gamma + 1`` pending context tokens (a
+    new prompt, or context deferred over plain steps) gives them to the drafter in a call of their own before the
+    round's clock starts. ``None`` (default): no timing, so every decision depends only on the profiles and
+    earlier rounds' drafts (reproducible).
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
@@ -173,6 +176,7 @@ class Engine:
         self.steps = 0
         self._next_id = 0
         self._pending = PendingContext()
+        self._drafted_last = False  # whether the last step drafted (a drafted round after a plain one is not timed)
         self._metrics = _Metrics(gamma, self.device)
 
     # ---------------------------------------------------------------------------------------------------- requests
@@ -257,8 +261,12 @@ class Engine:
             width = self.policy.draft_width(live, self.steps)
             if not (isinstance(width, int) and 1 <= width <= gamma):
                 raise ValueError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
-            drafted = draft(self.drafter, self.dstate, live, anchors, width, samp, self.impl,
-                            context=self._pending.take(live, dev))
+            backlog = self._pending.longest(live) > gamma + 1
+            context = self._pending.take(live, dev)
+            if backlog:  # a new prompt, or context deferred over plain steps: taken in before the round is timed
+                self.drafter.extend(self.dstate, live, *context)
+                context, t_round = None, self.clock() if self.clock is not None else 0.0
+            drafted = draft(self.drafter, self.dstate, live, anchors, width, samp, self.impl, context=context)
             conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, width)
             lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
         else:  # a plain decode step: nothing drafted, nothing to verify
@@ -271,14 +279,14 @@ class Engine:
         self.policy.observe(rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1
-        held = sum(len(self.requests[i].tokens) for i in live) if self.clock is not None else 0
         for i, tokens in zip(live, rnd.emitted):
             self.requests[i].tokens.extend(tokens)
             self.requests[i].rounds += 1
         seconds = self.clock() - t_round if self.clock is not None else 0.0
         finished = self._finish(live, time.perf_counter())
-        if self.clock is not None:  # the tokens the round emitted, after the caps and EOS cut them
-            self.policy.observe_round(r, drafting, seconds, sum(len(self.requests[i].tokens) for i in live) - held)
+        if self.clock is not None and (self._drafted_last or not drafting):
+            self.policy.observe_round(r, drafting, seconds)
+        self._drafted_last = drafting
         self.live = [i for i in live if i not in finished]
         return done + finished
 

@@ -34,14 +34,14 @@ While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to 
 after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while drafting is far
 from paying (gain below ``GATE_FAR``: the accepted length would have to grow by a third, which one more probe will not
 show); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
-(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time and emitted tokens
-(``policy.observe_round``); the gate then compares measured rates where it has them (tokens/s of drafted rounds and of
-plain steps at the live request count, running means) and the modelled ones where it does not, because the profiles
-leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target forward
-evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes them in,
-so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays
-open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below
-plain decoding.
+(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time (``policy.observe_round``); once it
+has timed both a drafted round and a plain step at the live request count (running means), the gate compares their
+measured times with the expected tokens from the running mean survival instead of the modelled rates, because the
+profiles leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target
+forward evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes
+them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the
+gate stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from
+falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -183,9 +183,9 @@ class Policy:
     def observe(self, accepted: torch.Tensor, verify_lens: torch.Tensor) -> None:
         """Feed back the round's accepted drafts ``[R]`` for the verify lengths ``[R]`` (no-op by default)."""
 
-    def observe_round(self, r: int, drafted: bool, seconds: float, emitted: int) -> None:
-        """Feed back a round's wall time and emitted tokens with ``r`` live requests, drafted or a plain step (from an
-        engine with a clock; no-op by default)."""
+    def observe_round(self, r: int, drafted: bool, seconds: float) -> None:
+        """Feed back a round's wall time with ``r`` live requests, drafted or a plain step (from an engine with a
+        clock; no-op by default)."""
 
 
 def _device(conf_logits: torch.Tensor | None) -> torch.device:
@@ -230,11 +230,12 @@ class _Confident(Policy):
     ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``draft_profile``."""
 
     needs_confidence = True
-    GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (the plain mean until then)
+    GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (without a prior, the plain
+    # mean of the rounds until this weight is reached)
     GATE_PROBE = 8  # once closed, the gate still drafts (probes) after this many steps ...
     GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
     GATE_FAR = 0.75  # ... or waiting the longest at once while the expected gain of drafting is below this
-    GATE_RATE_EMA = 0.2  # weight of the newest round in the measured tokens/s of drafted rounds and plain steps
+    GATE_TIME_EMA = 0.2  # weight of the newest round in the measured seconds of drafted rounds and of plain steps
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
                  prior_survival: Sequence[float] | None = None) -> None:
@@ -252,12 +253,13 @@ class _Confident(Policy):
         # the running mean survival per position, which the width rule and the gate read (a host copy: the gate reads
         # it every step); a prior (the drafter's held-out mean) stands in for it until the first drafted round
         self._mean_survival: list[float] | None = prior_survival
+        self._has_prior = prior_survival is not None
         self._drafted_rounds = 0
         self._last_drafted = 0
         self._probe_wait: int | None = None  # steps from the last drafted round to the next probe (None: not yet set)
         self._probed = False  # the last drafted round was a probe whose outcome has not set the next wait yet
         self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
-        self._rates: dict[tuple[int, bool], float] = {}  # measured tokens/s by (live requests, drafted)
+        self._seconds: dict[tuple[int, bool], float] = {}  # measured seconds per round by (live requests, drafted)
         self._widths: dict[int, int] = {}  # draft width by live request count, for the current mean
 
     def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
@@ -271,36 +273,40 @@ class _Confident(Policy):
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
-        self._gains, self._rates, self._widths = {}, {}, {}
+        self._gains, self._seconds, self._widths = {}, {}, {}
 
     def draft_width(self, live, step):
         """The drafting length (1..gamma) that :func:`best_common_length` rates best for the live requests at the
         running mean survival (a length k drafts k slots); ``gamma`` while there is no mean (no prior, no round)."""
-        if self._mean_survival is None:
-            return self.gamma
-        r = len(live)
+        return self.gamma if self._mean_survival is None else self._width_for(len(live))
+
+    def _width_for(self, r: int) -> int:
         width = self._widths.get(r)
         if width is None:
             width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_table(r, k),
                                                          min_length=1)[0]
         return width
 
-    def observe_round(self, r, drafted, seconds, emitted):
+    def observe_round(self, r, drafted, seconds):
         if not self.gate or seconds <= 0:
             return
-        rate, old = emitted / seconds, self._rates.get((r, drafted))
-        self._rates[r, drafted] = rate if old is None else (1 - self.GATE_RATE_EMA) * old + self.GATE_RATE_EMA * rate
+        old = self._seconds.get((r, drafted))
+        self._seconds[r, drafted] = seconds if old is None else (1 - self.GATE_TIME_EMA) * old + \
+            self.GATE_TIME_EMA * seconds
 
     def gain(self, r: int) -> float:
-        """Expected tokens/s of a drafted round over a plain step's with ``r`` live requests: each side measured
-        (:meth:`observe_round`) where it has been, else modelled (:func:`drafting_gain` on the running mean
-        survival)."""
+        """Expected tokens/s of drafting over a plain step's with ``r`` live requests. Once both a drafted round and
+        a plain step of ``r`` requests have been timed (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``,
+        with the expected tokens per request ``1 + sum_{j <= w} a_j`` at the running mean survival and the width
+        ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted tokens a lot: a few unlucky
+        rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
+        drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
+        if drafted is not None and plain is not None:
+            return (1.0 + sum(self._mean_survival[: self._width_for(r)])) * plain / drafted
         modelled = self._gains.get(r)
         if modelled is None:
             modelled = self._gains[r] = drafting_gain(self._mean_survival, r, lambda k: self.step_table(r, k))
-        plain_model = r * float(self.sps_table[r])
-        plain = self._rates.get((r, False), plain_model)
-        return self._rates.get((r, True), modelled * plain_model) / plain
+        return modelled
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
@@ -339,10 +345,11 @@ class _Confident(Policy):
 
     def _remember(self, a: torch.Tensor, r: int, width: int, step: int) -> None:
         """Fold this drafted round's survival ``a [R * width]`` into the running mean of its first ``width``
-        positions (later positions keep their earlier mean)."""
+        positions (later positions keep their earlier mean): weight ``GATE_EMA`` from the first round when a prior
+        (the held-out mean over thousands of rounds) started it, else the plain mean of the rounds until then."""
         mean = a.view(r, width).mean(dim=0).tolist()  # one read per drafted round, not per step
         self._drafted_rounds += 1
-        w = max(1.0 / self._drafted_rounds, self.GATE_EMA)
+        w = self.GATE_EMA if self._has_prior else max(1.0 / self._drafted_rounds, self.GATE_EMA)
         old = self._mean_survival or mean + [0.0] * (self.gamma - width)
         self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)] + old[width:]
         self._gains, self._widths = {}, {}
