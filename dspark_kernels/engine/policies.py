@@ -320,7 +320,7 @@ class _Confident(Policy):
                 self._last_drafted = step
             self._probe_wait = self._next_wait(gain)
             return False
-        if self._probed:  # the first decision after a probe sets the next wait from what the probe measured
+        if self._probed:  # the first decision after a probe sets the next wait from the gain after it
             self._probe_wait, self._probed = self._next_wait(gain), False
         if step - self._last_drafted >= self._probe_wait:
             self._probed = True
