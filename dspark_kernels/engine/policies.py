@@ -281,6 +281,7 @@ class _Confident(Policy):
         return self.gamma if self._mean_survival is None else self._width_for(len(live))
 
     def _width_for(self, r: int) -> int:
+        """:meth:`draft_width` for ``r`` live requests (kept until the running mean moves)."""
         width = self._widths.get(r)
         if width is None:
             width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_table(r, k),
