@@ -345,20 +345,6 @@ def test_probe_that_measures_a_slow_round_waits_the_longest_next():
 SHORT_PROMPTS = [[1, 5, 9, 13], [1, 40], [1, 7, 8]]  # at most gamma + 1 tokens: no drafter backlog at the first round
 
 
-class _DraftAtStartAndFrom(FixedK):
-    """Verifies nothing; drafts at step 0 and from step ``start`` on, plain steps in between."""
-
-    def __init__(self, start: int) -> None:
-        super().__init__(0, "draft_at_start_and_from")
-        self.start = start
-
-    def drafts(self, live, step):
-        return step == 0 or step >= self.start
-
-    def draft_width(self, live, step):
-        return self.gamma
-
-
 @pytest.mark.parametrize("prompts", [SHORT_PROMPTS, PROMPTS[:3]], ids=["short", "backlog"])
 def test_engine_with_a_clock_times_steady_rounds(target, drafter, prompts):  # noqa: F811
     """``Engine(clock=...)`` hands the policy each plain step's duration and each drafted round's that follows a
@@ -367,7 +353,7 @@ def test_engine_with_a_clock_times_steady_rounds(target, drafter, prompts):  # n
     reads per timed round either way. Without a clock nothing is reported."""
     for clock in ("ticks", None):
         seen, ticks = [], iter(range(10**6))
-        policy = _DraftAtStartAndFrom(7)
+        policy = _DraftFrom(7, first=True)
         policy.observe_round = lambda r, drafted, seconds: seen.append((drafted, seconds))
         eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=4,
                      max_seq_len=64, clock=None if clock is None else (lambda: float(next(ticks))))
@@ -432,14 +418,15 @@ def test_gate_mean_survival_is_a_plain_mean_before_the_ema():
 
 
 class _DraftFrom(FixedK):
-    """Verifies nothing (greedy output = the target's); drafts only from step ``start`` on."""
+    """Verifies nothing (greedy output = the target's); drafts only from step ``start`` on (``first``: and at step 0,
+    plain steps in between)."""
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, first: bool = False) -> None:
         super().__init__(0, f"draft_from{start}")
-        self.start = start
+        self.start, self.first = start, first
 
     def drafts(self, live, step):
-        return step >= self.start
+        return step >= self.start or (self.first and step == 0)
 
     def draft_width(self, live, step):
         return self.gamma

@@ -57,6 +57,7 @@ from ..engine.sps import (
     SPS_DIR,
     SPSProfile,
     analytic_roofline,
+    draft_round_widths,
     load_profile,
     profile_drafter,
     profile_target,
@@ -163,9 +164,9 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     profile, where = _live_profile(args, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
-    for width, tag in ((args.gamma, ""), (1, "-w1")):
+    for width, tag in draft_round_widths(args.gamma):
         draft_profiles[width], draft_where = _live_profile(
-            args, f"{target_name}+{Path(args.drafter).name}-rounds{tag}{suffix}", max_c,
+            args, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
             lambda n, model, width=width: profile_drafter(target, drafter, n, device=device_name(), model=model,
                                                           context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
                                                           repeats=PROFILE_REPEATS))

@@ -295,6 +295,13 @@ def profile_target(
     return SPSProfile(device, model, sizes, (tuple(rates),), source="measured")
 
 
+def draft_round_widths(gamma: int) -> tuple[tuple[int, str], ...]:
+    """The draft widths the drafter's round profiles are measured at, with the tag each profile's model name carries:
+    ``gamma`` slots (``-rounds``, the engine's ``draft_profile``) and one (``-rounds-w1``, its
+    ``narrow_draft_profile``)."""
+    return (gamma, "-rounds"), (1, "-rounds-w1")
+
+
 def profile_drafter(
     target,
     drafter,
@@ -440,9 +447,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for b in sorted({1, 8, 16, 32, 64, 128, 256, args.max_batch}):
         if b <= args.max_batch:
             print(f"  B={b:4d}  {rates[b - 1]:10.1f} steps/s  {rates[b - 1] * b:12.0f} tokens/s")
-    for width, tag in ((args.gamma, ""), (1, "-w1")) if drafter is not None else ():
+    for width, tag in draft_round_widths(args.gamma) if drafter is not None else ():
         rounds = profile_drafter(model, drafter, args.max_requests, device=name,
-                                 model=f"{args.model}+{args.drafter.name}-rounds{tag}", context=args.context,
+                                 model=f"{args.model}+{args.drafter.name}{tag}", context=args.context,
                                  gamma=width, warmup=args.warmup, repeats=args.repeats, sync=sync)
         for out_dir in args.out_dir or [SPS_DIR]:
             print(f"sps: wrote {rounds.save(out_dir)}")
