@@ -90,6 +90,27 @@ def test_stops_drafting_then_probes_with_doubling_waits():
     assert _plain_steps_until_probe(sched, 0)[0] + 1 == 4
 
 
+def test_a_probe_drafts_even_where_the_prior_would_not():
+    """Round costs under which the prior's own best length is 0 (a drafted round costs 4 plain steps): the request
+    starts on plain steps and its probes draft the length that pays most at acceptance 1 (7: 8 tokens for 4 steps),
+    so acceptance is still observed; a request whose probes are all accepted drafts again."""
+    sched = AdaptiveDraftLength(RoundCosts(fixed=3.0, per_token=0.0), prior_alpha=0.75, probe_wait=4,
+                                max_probe_wait=8)
+    sched.start(1)
+    assert sched.best_length(0.75, 7) == 0
+    waits = []
+    for _ in range(3):
+        steps, k = _plain_steps_until_probe(sched, 0, gamma=7)
+        waits.append(steps)
+        assert k == 7 == sched.best_length(1.0, 7)
+        sched.observe(0, k, 0)
+    assert waits == [4, 8, 8]
+    for _ in range(3):
+        steps, k = _plain_steps_until_probe(sched, 0, gamma=7)
+        sched.observe(0, k, k)
+    assert sched.choose(0, 7) > 0
+
+
 def test_cli_gamma_defaults_and_range():
     assert cli_gamma(None, "adaptive") == 15 and cli_gamma(None, "fixed") == 7
     assert cli_gamma(1, "fixed") == 1 and cli_gamma(16, "adaptive") == 16

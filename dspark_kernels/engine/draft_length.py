@@ -15,7 +15,9 @@ as the text changes:
 ``alpha`` is a running estimate per request: decayed counts of accepted drafts and of rejections
 (``alpha = accepted / (accepted + rejections)``), which start at the prior and are updated by every drafted round.
 A request whose estimate says plain steps are best stops drafting, but a plain step observes nothing, so it probes:
-after ``wait`` plain steps it drafts one round at the length the prior would choose. If the estimate after the probe
+after ``wait`` plain steps it drafts one round at the length the prior would choose (where the prior itself would not
+draft, at the length that would pay most if every draft were accepted; only where not even that pays does a request
+never draft). If the estimate after the probe
 still says not to draft, the wait doubles (``probe_wait``, 2x, 4x, ... up to ``max_probe_wait``); once drafting pays
 again the wait starts over. On text the drafter cannot follow, probing costs one drafted round every
 ``max_probe_wait`` steps in the long run.
@@ -142,11 +144,14 @@ class AdaptiveDraftLength:
 
     def choose(self, i: int, gamma: int) -> int:
         """Draft length in ``0..gamma`` for request ``i`` this round: the best length for its estimate, or, while
-        that is 0, a probe at the prior's length once its wait is over."""
+        that is 0, a probe once its wait is over: the prior's length, or the best length at acceptance 1 where the
+        prior's is 0."""
         self._gamma = gamma
         k = self.best_length(self.alpha(i), gamma)
         self._probing[i] = k == 0 and self._wait[i] == 0
-        return self.best_length(self.prior_alpha, gamma) if self._probing[i] else k
+        if not self._probing[i]:
+            return k
+        return self.best_length(self.prior_alpha, gamma) or self.best_length(1.0, gamma)
 
     def observe(self, i: int, verified: int, accepted: int) -> None:
         """Request ``i``'s round (the one :meth:`choose` was last asked for) verified ``verified`` drafts and
