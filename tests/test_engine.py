@@ -313,6 +313,24 @@ def test_closed_gate_probes_less_and_less_and_reopens():
     assert far.drafts([0, 1], 777) and far._probe_wait == far.GATE_PROBE
 
 
+def test_gate_waits_the_longest_while_one_probe_could_not_open_it():
+    """With a prior the next drafted round moves the mean survival by GATE_EMA only, so its best outcome (survival 1 at
+    all four positions: 1 + 4 * 0.55 = 3.2 tokens against 3) lifts the gain by 3.2 / 3. At draft rate 42 (gain 0.89,
+    at best 0.95) no probe can open the gate: it waits the longest at once; at draft rate 48 (gain 0.97, at best 1.04)
+    it backs off 8, 16, ..."""
+    def gate(draft_rate):
+        policy = make_policy("dspark+gate", prior_survival=[0.5] * GAMMA)
+        policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, draft_rate))
+        return policy
+
+    far, near = gate(42.0), gate(48.0)
+    assert far.gain(2) == pytest.approx(0.89, abs=0.01) and far._best_gain_after_probe(2) == pytest.approx(
+        far.gain(2) * 3.2 / 3)
+    assert _probes(far, range(1, 800)) == [257, 513, 769]
+    assert near.gain(2) == pytest.approx(0.97, abs=0.01) and near._best_gain_after_probe(2) > 1
+    assert _probes(near, range(1, 300)) == [9, 25, 57, 121, 249]
+
+
 def test_gate_decides_on_measured_times_once_it_has_both():
     """Modelled, drafting pays (gain 3 / (1 + 100 / 1e9) ~ 3). Once a drafted round and a plain step of two requests
     are both timed, the gain is the expected tokens per request at the drafted width (1 + 0.5 * 4 = 3) times the plain
@@ -333,8 +351,9 @@ def test_gate_decides_on_measured_times_once_it_has_both():
 
 
 def test_probe_that_measures_a_slow_round_waits_the_longest_next():
-    """Modelled gain 0.89 backs off 8, 16, ...; timed rounds giving gain 3 * 0.02 / 0.12 = 0.5 (< GATE_FAR) set the
-    next wait to the longest at once, at the first decision after the probe."""
+    """Modelled gain 0.89 backs off 8, 16, ...; timed rounds giving gain 3 * 0.02 / 0.12 = 0.5 set the next wait to
+    the longest at once, at the first decision after the probe: not even a next round whose every draft survived (5
+    tokens, at weight 1 with neither a prior nor a drafted round yet) would reach 5 * 0.02 / 0.12 = 0.83."""
     policy = _gate(42.0)
     assert _probes(policy, range(1, 10)) == [9]
     policy.observe_round(2, False, 0.02)
@@ -346,11 +365,10 @@ SHORT_PROMPTS = [[1, 5, 9, 13], [1, 40], [1, 7, 8]]  # at most gamma + 1 tokens:
 
 
 @pytest.mark.parametrize("prompts", [SHORT_PROMPTS, PROMPTS[:3]], ids=["short", "backlog"])
-def test_engine_with_a_clock_times_steady_rounds(target, drafter, prompts):  # noqa: F811
-    """``Engine(clock=...)`` hands the policy each plain step's duration and each drafted round's that follows a
-    drafted round (steady drafting); a drafted round after a plain step, or the first, is not timed. A backlog of
-    pending context (a 26-token prompt; six plain steps) goes to the drafter before the round's clock starts: two clock
-    reads per timed round either way. Without a clock nothing is reported."""
+def test_engine_with_a_clock_times_every_round(target, drafter, prompts):  # noqa: F811
+    """``Engine(clock=...)`` hands the policy every round's duration, plain steps and drafted rounds alike (the one
+    after six plain steps too). A backlog of pending context (a 26-token prompt; six plain steps) goes to the drafter
+    before the round's clock starts: two clock reads per round either way. Without a clock nothing is reported."""
     for clock in ("ticks", None):
         seen, ticks = [], iter(range(10**6))
         policy = _DraftFrom(7, first=True)
@@ -361,7 +379,7 @@ def test_engine_with_a_clock_times_steady_rounds(target, drafter, prompts):  # n
         if clock is None:
             assert not seen
             continue
-        assert [d for d, _ in seen] == [False] * 6 + [True] * (out["steps"] - 8)
+        assert [d for d, _ in seen] == [True] + [False] * 6 + [True] * (out["steps"] - 7)
         assert all(sec == 1.0 for _, sec in seen)
 
 
@@ -388,7 +406,7 @@ def test_backlog_goes_to_the_drafter_before_the_round_is_timed(target, drafter, 
                  clock=clock)
     out = run_closed_loop(eng, [[1, 5, 9, 13], PROMPTS[2]], 1, 6)
     assert calls == [26]  # the second request's 26-token prompt, after the first request's rounds
-    assert len(seen) == out["steps"] - 1 and all(sec == 1.0 for sec in seen)
+    assert len(seen) == out["steps"] and all(sec == 1.0 for sec in seen)
 
 
 def test_gate_prior_is_checked_and_moved_by_each_drafted_round():
@@ -617,7 +635,7 @@ def test_live_baselines_pay_only_for_their_own_drafts(target, drafter, tmp_path)
 
 
 @pytest.mark.parametrize("mode", ["replay", "live", "live-invariant"])
-def test_serving_cli_writes_json_csv_png(tmp_path, mode):
+def test_serving_cli_writes_json_csv_png(tmp_path, monkeypatch, mode):
     import argparse
 
     from dspark_kernels.bench import serving
@@ -640,7 +658,13 @@ def test_serving_cli_writes_json_csv_png(tmp_path, mode):
                              + (["--batch-invariant"] if invariant else []))
     with pytest.raises(ValueError, match="--length-range must be in"):
         serving.main(argparse.Namespace(**{**vars(args), "length_range": 1.0}))
+    order, closed_loop = [], serving.run_closed_loop
+    monkeypatch.setattr(serving, "run_closed_loop", lambda eng, *a, **k: order.append(eng.policy.name) or
+                        closed_loop(eng, *a, **k))
     serving.main(args)
+    if mode == "live":  # a fixed3 warm-up run per policy, then each concurrency's cycles, every other one reversed
+        cycle = ["none", "mtp1", "dspark", "dspark+gate"]
+        assert order == ["fixed3"] * 4 + 2 * (cycle + cycle[::-1])
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["mode"] == mode and (tmp_path / "out.csv").exists() and (tmp_path / "out.png").exists()
     names = {"none", "mtp1", "dspark"} | ({"oracle"} if mode == "replay" else {"dspark+gate"})

@@ -23,12 +23,14 @@ Two modes, same outputs:
   1024, without running the model.
 
 Per point: per-user tokens/s (median, p10), system tokens/s, tau (tokens per request-round), verified and rejected
-drafts per request-round, waste = rejected / verified; a live point is the median (by system tokens/s) of
-``--repeats`` runs, whose system tokens/s it lists. Read-outs: (a) system throughput at fixed per-user speeds,
-(b) per-user speed at the throughput of each mtp1 point, relative to mtp1; both interpolated on each policy's Pareto
-frontier; (c) live only: each policy's system throughput over ``none``'s and over the best fixed-k policy's in the
-same round-robin cycle, the median over the cycles (:func:`paired_ratios`). Writes ``--json``, and ``.csv`` and
-``.png`` (Pareto plot) next to it.
+drafts per request-round, waste = rejected / verified; a live point is the median (by system tokens/s) of ``--repeats``
+runs, whose system tokens/s it lists; the runs cycle through the policies in turn, in reverse order every other cycle,
+so that no policy always holds the same place in the cycle (on this repository's CPU a policy that does what ``none``
+does measured 0.975-0.979x of it always running after it, 1.01x with the order alternated). Read-outs: (a) system
+throughput at fixed per-user speeds, (b) per-user speed at the throughput of each mtp1 point, relative to mtp1; both
+interpolated on each policy's Pareto frontier; (c) live only: each policy's system throughput over ``none``'s and over
+the best fixed-k policy's in the same round-robin cycle, the median over the cycles (:func:`paired_ratios`). Writes
+``--json``, and ``.csv`` and ``.png`` (Pareto plot) next to it.
 
 CLI: ``python -m dspark_kernels.bench serving --mode replay --json results/serving_replay.json``.
 """
@@ -177,15 +179,16 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
         run_closed_loop(Engine(target, run_drafter, make_policy("fixed3"), profile, gamma, max_batch=2,
                                max_seq_len=args.prompt_len + 9 + gamma), warm, 2, 8, temperature=args.temperature)
     points = []
-    # every policy at one concurrency back to back, --repeats times round-robin: slow drifts of a shared machine's
-    # speed hit them alike, and the median run of each point drops the outliers
+    # every policy at one concurrency back to back, --repeats times round-robin (every other cycle in reverse, so
+    # that a place in the cycle favours no policy): slow drifts of a shared machine's speed hit them alike, and the
+    # median run of each point drops the outliers
     for c in args.concurrency:
         prompts, source = prompts_for(args, max(args.requests_per_level * c, args.min_requests),
                                       target.config.vocab_size, args.seed)
         caps = request_caps(len(prompts), args.max_new_tokens, args.length_range, args.seed)
         runs: dict[str, list[dict]] = {}
-        for _ in range(args.repeats):
-            for name, (run_drafter, gamma) in list(runners.items()):
+        for cycle in range(args.repeats):
+            for name, (run_drafter, gamma) in list(runners.items())[:: -1 if cycle % 2 else 1]:
                 eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
                              gamma, max_batch=c,
                              max_seq_len=args.prompt_len + max(caps) + args.gamma + 1,

@@ -31,9 +31,10 @@ the target's plain rate, with the expected accepted length from the running mean
 drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is given (``prior_survival``: the
 drafter's held-out mean survival from its calibration), else from the first round, which then drafts to measure it.
 While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
-after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while drafting is far
-from paying (gain below ``GATE_FAR``: the accepted length would have to grow by a third, which one more probe will not
-show); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
+after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best
+outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the
+next round gets: a probe costs a losing round and the backlog's intake, and one that cannot change the decision is
+not worth them); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
 (``Engine(..., clock=time.perf_counter)``) also reports every round's wall time (``policy.observe_round``); once it
 has timed both a drafted round and a plain step at the live request count (running means), the gate compares their
 measured times with the expected tokens from the running mean survival instead of the modelled rates, because the
@@ -234,7 +235,7 @@ class _Confident(Policy):
     # mean of the rounds until this weight is reached)
     GATE_PROBE = 8  # once closed, the gate still drafts (probes) after this many steps ...
     GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
-    GATE_FAR = 0.75  # ... or waiting the longest at once while the expected gain of drafting is below this
+    # (at once while the next probe's best outcome would leave the gate closed)
     GATE_TIME_EMA = 0.2  # weight of the newest round in the measured seconds of drafted rounds and of plain steps
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
@@ -295,43 +296,53 @@ class _Confident(Policy):
         self._seconds[r, drafted] = seconds if old is None else (1 - self.GATE_TIME_EMA) * old + \
             self.GATE_TIME_EMA * seconds
 
-    def gain(self, r: int) -> float:
-        """Expected tokens/s of drafting over a plain step's with ``r`` live requests. Once both a drafted round and
-        a plain step of ``r`` requests have been timed (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``,
-        with the expected tokens per request ``1 + sum_{j <= w} a_j`` at the running mean survival and the width
-        ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted tokens a lot: a few unlucky
-        rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
+    def gain(self, r: int, mean_survival: Sequence[float] | None = None) -> float:
+        """Expected tokens/s of drafting over a plain step's with ``r`` live requests, at the running mean survival
+        (or at ``mean_survival``). Once both a drafted round and a plain step of ``r`` requests have been timed
+        (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the expected tokens per request ``1 +
+        sum_{j <= w} a_j`` at the width ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted
+        tokens a lot: a few unlucky rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
         drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
+        mean = self._mean_survival if mean_survival is None else mean_survival
         if drafted is not None and plain is not None:
-            return (1.0 + sum(self._mean_survival[: self._width_for(r)])) * plain / drafted
+            return (1.0 + sum(mean[: self._width_for(r)])) * plain / drafted
+        if mean_survival is not None:
+            return drafting_gain(mean, r, lambda k: self.step_table(r, k))
         modelled = self._gains.get(r)
         if modelled is None:
-            modelled = self._gains[r] = drafting_gain(self._mean_survival, r, lambda k: self.step_table(r, k))
+            modelled = self._gains[r] = drafting_gain(mean, r, lambda k: self.step_table(r, k))
         return modelled
+
+    def _best_gain_after_probe(self, r: int) -> float:
+        """:meth:`gain` with the next drafted round's best outcome folded in: survival 1 at every position, at the
+        weight :meth:`_remember` would give it."""
+        w = self._next_weight()
+        return self.gain(r, [(1 - w) * a + w for a in self._mean_survival])
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
             return True
-        gain = self.gain(len(live))
-        if gain > 1:
+        r = len(live)
+        if self.gain(r) > 1:
             self._probe_wait, self._probed = self.GATE_PROBE, False
             return True
         if self._probe_wait is None:  # the first drafted round, or else the prior, counts as the first probe
             if not self._drafted_rounds:
                 self._last_drafted = step
-            self._probe_wait = self._next_wait(gain)
+            self._probe_wait = self._next_wait(r)
             return False
-        if self._probed:  # the first decision after a probe sets the next wait from the gain after it
-            self._probe_wait, self._probed = self._next_wait(gain), False
+        if self._probed:  # the first decision after a probe sets the next wait from what it measured
+            self._probe_wait, self._probed = self._next_wait(r), False
         if step - self._last_drafted >= self._probe_wait:
             self._probed = True
             return True
         return False
 
-    def _next_wait(self, gain: float) -> int:
-        """The wait after a probe (or the prior) found drafting unprofitable: the longest at once while it is far
-        from paying, else double the last wait (the first wait is ``GATE_PROBE``)."""
-        if gain < self.GATE_FAR:
+    def _next_wait(self, r: int) -> int:
+        """The wait after a probe (or the prior) found drafting unprofitable for ``r`` live requests: the longest at
+        once while not even the next probe's best outcome would open the gate, else double the last wait (the first
+        wait is ``GATE_PROBE``)."""
+        if self._best_gain_after_probe(r) <= 1:
             return self.GATE_PROBE_MAX
         return self.GATE_PROBE if self._probe_wait is None else min(2 * self._probe_wait, self.GATE_PROBE_MAX)
 
@@ -349,12 +360,16 @@ class _Confident(Policy):
         positions (later positions keep their earlier mean): weight ``GATE_EMA`` from the first round when a prior
         (the held-out mean over thousands of rounds) started it, else the plain mean of the rounds until then."""
         mean = a.view(r, width).mean(dim=0).tolist()  # one read per drafted round, not per step
+        w = self._next_weight()
         self._drafted_rounds += 1
-        w = self.GATE_EMA if self._has_prior else max(1.0 / self._drafted_rounds, self.GATE_EMA)
         old = self._mean_survival or mean + [0.0] * (self.gamma - width)
         self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)] + old[width:]
         self._gains, self._widths = {}, {}
         self._last_drafted = step
+
+    def _next_weight(self) -> float:
+        """The weight the next drafted round gets in the running mean survival (:meth:`_remember`)."""
+        return self.GATE_EMA if self._has_prior else max(1.0 / (self._drafted_rounds + 1), self.GATE_EMA)
 
 
 class Threshold(_Confident):
