@@ -5,8 +5,6 @@
 * T > 0: the distribution of the generated tokens matches the target's (chi-square against the exact marginals).
 """
 
-import dataclasses
-import json
 import random
 
 import pytest
@@ -15,7 +13,6 @@ import torch
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter import BlockDrafter, DrafterConfig, load_block_drafter
-from dspark_kernels.sampling import Sampling
 from dspark_kernels.train.drafter import drafter_loss
 from dspark_kernels.train.drafter_data import make_batch, target_outputs
 from dspark_kernels.train.rollouts import Rollouts
@@ -124,65 +121,6 @@ def test_propose_takes_context_in_its_pass(target, impl):
                 torch.testing.assert_close(flat1[slots], flat0[slots], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(props[1].base_logits, props[0].base_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(props[1].hidden, props[0].hidden, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("impl", ["torch", "triton"])
-@pytest.mark.parametrize("kind,rank", [("vanilla", 8), ("rnn", 8)])
-def test_a_narrow_draft_is_the_head_of_a_trained_block(target, impl, kind, rank):
-    """With ``block_sizes`` (the block sizes it was trained on) a draft of ``w`` slots runs the backbone over the
-    smallest trained block that holds ``w`` and returns that block's first ``w`` slots: base logits, hidden states,
-    tokens, draft probabilities and confidences equal the full block's first ``w`` (its block attends both ways, so
-    an untrained block size would draft other tokens). Without ``block_sizes`` a draft runs a block of its width."""
-    drafter = make_drafter(target, kind, rank)
-    trained = make_drafter(target, kind, rank)
-    trained.config = dataclasses.replace(trained.config, block_sizes=(3, 7))
-    assert [trained.block_for(w) for w in (1, 3, 4, 7, 8)] == [3, 3, 7, 7, 8]
-    assert [drafter.block_for(w) for w in (1, 4)] == [1, 4]
-    trained.config = dataclasses.replace(trained.config, block_sizes=(7,))
-    seqs = [[random.randrange(4, VOCAB) for _ in range(n)] for n in (9, 5, 12)]
-    feats = [target_outputs(target, [s], drafter.feature_layers)[0][0] for s in seqs]
-    anchors = torch.tensor([s[-1] for s in seqs])
-    cache = drafter.new_state(32, 4)
-    for rid, f in enumerate(feats):
-        cache.add_request(rid)
-        drafter.extend_context(cache, [rid], f[:-1], torch.tensor([0, f.shape[0] - 1], dtype=torch.int32))
-    full = drafter.propose(cache, [0, 1, 2], anchors, 7, impl=impl)
-    samp = Sampling.of([1.0] * 3, [0] * 3, [1.0] * 3, [0, 1, 2], [0] * 3, anchors.device)
-    u = torch.rand(3, 7)
-    full_draft = drafter.draft(cache, [0, 1, 2], anchors, 7, samp.temperature, samp.top_k, samp.top_p,
-                               u.reshape(-1), impl=impl)
-    for w in (1, 2, 5):
-        head = drafter.propose(cache, [0, 1, 2], anchors, w, impl=impl, block=7)
-        assert head.cu.tolist() == [0, w, 2 * w, 3 * w]
-        torch.testing.assert_close(head.base_logits, full.base_logits.view(3, 7, -1)[:, :w].reshape(3 * w, -1),
-                                   rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(head.hidden, full.hidden.view(3, 7, -1)[:, :w].reshape(3 * w, -1),
-                                   rtol=1e-5, atol=1e-5)
-        trained.load_state_dict(drafter.state_dict())
-        narrow = trained.draft(cache, [0, 1, 2], anchors, w, samp.temperature, samp.top_k, samp.top_p,
-                               u[:, :w].reshape(-1), impl=impl)
-        assert narrow.tokens.view(3, w).tolist() == full_draft.tokens.view(3, 7)[:, :w].tolist()
-        torch.testing.assert_close(narrow.draft_probs.view(3, w, -1), full_draft.draft_probs.view(3, 7, -1)[:, :w],
-                                   rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(narrow.confidence_logits.view(3, w),
-                                   full_draft.confidence_logits.view(3, 7)[:, :w], rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="gamma <= block"):
-        drafter.propose(cache, [0, 1, 2], anchors, 4, block=3)
-
-
-def test_block_sizes_are_checked_and_saved(target, tmp_path):
-    drafter = make_drafter(target)
-    cfg = drafter.config
-    for bad in ((7, 3), (3, 3), (0,), (17,), (2.5,)):
-        with pytest.raises(ValueError, match="block_sizes"):
-            BlockDrafter(DrafterConfig(**{**cfg.__dict__, "block_sizes": bad}), target)
-    drafter.config = dataclasses.replace(cfg, block_sizes=(7, 15))
-    drafter.save(tmp_path / "d")
-    assert load_block_drafter(tmp_path / "d", target).config.block_sizes == (7, 15)
-    raw = json.loads((tmp_path / "d" / "drafter_config.json").read_text())
-    del raw["block_sizes"]  # a drafter saved before block sizes were recorded: every width its own block
-    (tmp_path / "d" / "drafter_config.json").write_text(json.dumps(raw))
-    assert load_block_drafter(tmp_path / "d", target).config.block_sizes == ()
 
 
 @pytest.mark.parametrize("kind,rank", KINDS)

@@ -58,10 +58,6 @@ class DrafterConfig:
     """Hyper-parameters of a block drafter (stored as ``drafter_config.json``).
 
     ``vocab_size``/``hidden_size`` record the target it was built for, so a mismatched target is refused at load.
-    ``block_sizes``: the block sizes it was trained on (the trainer's ``--gammas``); a draft of ``w`` slots runs the
-    backbone over the smallest of them that holds ``w`` (:meth:`BlockDrafter.block_for`), because the block attends
-    both ways and a block of a size never trained on drafts worse. Empty (drafters saved before session 24): every
-    draft runs a block of its own width.
     """
 
     feature_layers: tuple[int, ...]
@@ -74,17 +70,12 @@ class DrafterConfig:
     markov_rank: int = 64
     confidence: bool = True
     name: str = "dspark"
-    block_sizes: tuple[int, ...] = ()
 
     def validate(self, target: ModelConfig) -> None:
         if not 1 <= self.num_layers <= 5:
             raise ValueError(f"num_layers must be in 1..5, got {self.num_layers}")
         if not 1 <= self.gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {self.gamma}")
-        if list(self.block_sizes) != sorted(set(self.block_sizes)) or not all(
-                isinstance(b, int) and 1 <= b <= MAX_GAMMA for b in self.block_sizes):
-            raise ValueError(f"block_sizes must be distinct ints in 1..{MAX_GAMMA}, ascending, got "
-                             f"{list(self.block_sizes)}")
         if self.head_kind not in HEAD_KINDS:
             raise ValueError(f"head_kind must be one of {HEAD_KINDS}, got {self.head_kind!r}")
         if not 0 <= self.markov_rank <= target.vocab_size:
@@ -203,20 +194,13 @@ class BlockDrafter(nn.Module):
         """Committed tokens enter the context through their target features only (``token_ids`` unused)."""
         self.extend_context(state, rids, features, cu)
 
-    def block_for(self, width: int) -> int:
-        """The backbone block a draft of ``width`` slots runs: the smallest trained block size (``block_sizes``) that
-        holds ``width``, else ``width`` itself."""
-        return next((b for b in self.config.block_sizes if b >= width), width)
-
     def draft(self, state: PagedKVCache, rids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
               temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor | None,
               impl: str | None = None, context: DraftContext | None = None) -> DraftOutput:
-        """Backbone pass over a block of :meth:`block_for` ``(gamma)`` slots (taking ``context`` into the cache in the
-        same pass), then the sequential head op left to right over its first ``gamma`` slots: they are drawn exactly
-        as the first ``gamma`` of a full block's draft would be. A drafter trained without a confidence head (DFlash)
-        returns no confidence logits (``None``), so a policy that schedules on confidences refuses it instead of
-        reading constant zeros."""
-        prop = self.propose(state, rids, anchors, gamma, impl=impl, context=context, block=self.block_for(gamma))
+        """Backbone pass (taking ``context`` into the cache in the same pass), then the sequential head op left to
+        right over each block. A drafter trained without a confidence head (DFlash) returns no confidence logits
+        (``None``), so a policy that schedules on confidences refuses it instead of reading constant zeros."""
+        prop = self.propose(state, rids, anchors, gamma, impl=impl, context=context)
         with torch.inference_mode():
             res = sequential_head(prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu, self.head.weights(),
                                   temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
@@ -253,28 +237,25 @@ class BlockDrafter(nn.Module):
 
     @torch.inference_mode()
     def propose(self, cache: PagedKVCache, request_ids: Sequence[Hashable], anchors: torch.Tensor, gamma: int,
-                impl: str | None = None, context: DraftContext | None = None, block: int | None = None) -> Proposal:
+                impl: str | None = None, context: DraftContext | None = None) -> Proposal:
         """One parallel backbone pass: ``anchors [R]`` (each at position = its cached context length) ->
         :class:`Proposal` with ``gamma`` slots per request.
 
-        ``block`` (``gamma`` .. ``MAX_GAMMA``; default ``gamma``): the block the backbone runs over; only its first
-        ``gamma`` slots get base logits and reach the proposal (their values are those of the full block's slots).
         ``context = (token_ids, features [T, m * hidden], cu [R + 1])``: committed tokens of each request not yet in
         the cache (before its anchor). They enter it in this pass, as :meth:`extend_context` would put them: each
         layer projects the block rows and the context rows in one GEMM and writes the context's K/V before the
         block attends."""
-        block = gamma if block is None else block
-        if not 1 <= gamma <= block <= MAX_GAMMA:
-            raise ValueError(f"need 1 <= gamma <= block <= {MAX_GAMMA}, got gamma {gamma}, block {block}")
+        if not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be in 1..{MAX_GAMMA}, got {gamma}")
         n_req = len(request_ids)
         fresh = context is not None and context[1].shape[0] > 0
         if fresh:
             counts = (context[2][1:] - context[2][:-1]).tolist()
             cache.reserve_many(list(request_ids), counts)
         page_table, ctx_lens = cache.batch_tensors(request_ids, self.device)
-        ids = self.block_inputs(anchors.to(self.device).long(), block).reshape(-1)
-        positions = (ctx_lens.long()[:, None] + torch.arange(block, device=self.device)[None, :]).reshape(-1)
-        cu = torch.arange(0, (n_req + 1) * block, block, dtype=torch.int32, device=self.device)
+        ids = self.block_inputs(anchors.to(self.device).long(), gamma).reshape(-1)
+        positions = (ctx_lens.long()[:, None] + torch.arange(gamma, device=self.device)[None, :]).reshape(-1)
+        cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
         x = self.embed(ids).to(self.dtype)
         n_block = x.shape[0]
         if fresh:
@@ -291,11 +272,8 @@ class BlockDrafter(nn.Module):
                 cache.write(i, slots, k[n_block:], v[n_block:])
                 q, k, v = q[:n_block], k[:n_block], v[:n_block]
             o = draft_block_attention(q, k, v, cache.k[i], cache.v[i], page_table, cu, ctx_lens, impl=impl,
-                                      check_inputs=False, max_seqlen_q=block, plan=plan)
+                                      check_inputs=False, max_seqlen_q=gamma, plan=plan)
             x = layer.finish(x, o.reshape(x.shape[0], -1))
-        if block > gamma:  # the slots drafted: each request's first gamma rows
-            x = x.view(n_req, block, -1)[:, :gamma].reshape(n_req * gamma, -1)
-            cu = torch.arange(0, (n_req + 1) * gamma, gamma, dtype=torch.int32, device=self.device)
         return Proposal(self.lm_logits(x), x, cu)
 
     # ------------------------------------------------------------------ training
@@ -360,6 +338,5 @@ def load_block_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = 
     raw = read_drafter_config(path, "block")
     del raw["drafter_type"]
     raw["feature_layers"] = tuple(raw["feature_layers"])
-    raw["block_sizes"] = tuple(raw.get("block_sizes", ()))
     drafter = load_drafter_weights(BlockDrafter(DrafterConfig(**raw), target), path, target, dtype)
     return fuse_projections(cast_gemm_weights(drafter, gemm_dtype, skip=[drafter.head]))

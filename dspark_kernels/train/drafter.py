@@ -81,7 +81,7 @@ def train(args: argparse.Namespace) -> dict:
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,
         vocab_size=target.config.vocab_size, hidden_size=target.config.hidden_size, num_layers=args.layers,
         gamma=max(args.gammas), head_kind=args.head if args.rank > 0 else "none", markov_rank=args.rank,
-        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name, block_sizes=tuple(sorted(set(args.gammas))),
+        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
     )
     drafter = BlockDrafter(cfg, target)
 
