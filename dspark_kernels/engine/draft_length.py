@@ -12,14 +12,13 @@ as the text changes:
   ``E[tau](k) = 1 + alpha + ... + alpha^k`` tokens on average;
 * each round every request drafts the ``k`` in ``0..gamma`` with the most tokens per cost, ``E[tau](k) / cost(k)``.
 
-``alpha`` is a running estimate per request: decayed counts of accepted drafts and of rejections
-(``alpha = accepted / (accepted + rejections)``), which start at the prior and are updated by every drafted round.
-A request whose estimate says plain steps are best stops drafting, but a plain step observes nothing, so it probes:
-after ``wait`` plain steps it drafts one round at the length the prior would choose (where the prior itself would not
-draft, at the length that would pay most if every draft were accepted; only where not even that pays does a request
-never draft). If the estimate after the probe
-still says not to draft, the wait doubles (``probe_wait``, 2x, 4x, ... up to ``max_probe_wait``); once drafting pays
-again the wait starts over. On text the drafter cannot follow, probing costs one drafted round every
+``alpha`` is a running estimate per request: decayed counts of accepted drafts and of rejections (``alpha = accepted /
+(accepted + rejections)``), which start at the prior and are updated by every drafted round. A request whose estimate
+says plain steps are best stops drafting, but a plain step observes nothing, so it probes: after ``wait`` plain steps it
+drafts one round at the length the prior would choose (where the prior itself would not draft, at the length that would
+pay most if every draft were accepted; only where not even that pays does a request never draft). If the estimate after
+the probe still says not to draft, the wait doubles (``probe_wait``, 2x, 4x, ... up to ``max_probe_wait``); once
+drafting pays again the wait starts over. On text the drafter cannot follow, probing costs one drafted round every
 ``max_probe_wait`` steps in the long run.
 
 The choice depends only on the request's own past acceptances (never on the tokens being verified), so rejection
