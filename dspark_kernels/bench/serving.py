@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..autotune.store import device_name as store_device_name
 from ..cli_args import fraction_below_one, non_negative_float, positive_float, positive_int
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
@@ -78,10 +79,12 @@ PROFILE_WARMUP = 3  # untimed calls per size
 PROFILE_REPEATS = 20  # timed calls per size: on a CPU, steps of neighbouring sizes differ less than 5 calls' noise
 
 
-def device_name() -> str:
-    """The accelerator's name, or the CPU's with its thread count (the key of a measured SPS profile)."""
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
+def device_name(device: torch.device) -> str:
+    """The key of a profile measured on ``device`` (where the target runs): a GPU's name as the SPS CLI writes it
+    (:func:`dspark_kernels.autotune.store.device_name`), or the CPU's with its thread count (a CPU-run target on a
+    machine that also has a GPU is a CPU profile)."""
+    if device.type == "cuda":
+        return store_device_name(device.index or 0)
     return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
 
 
@@ -90,7 +93,7 @@ def measure_target_profile(target, max_tokens: int, context: int, model: str) ->
     verifies B tokens (rolled back). Every size is measured: a sparse profile would read as a staircase whose first
     token past each measured size never pays, and Algorithm 1 would stop there."""
     step = target_step_fn(target, target.device, max_tokens, context, per_request=max_tokens)
-    return profile_target(step, max_tokens, device=device_name(), model=model, warmup=PROFILE_WARMUP,
+    return profile_target(step, max_tokens, device=device_name(target.device), model=model, warmup=PROFILE_WARMUP,
                           repeats=PROFILE_REPEATS)
 
 
@@ -145,11 +148,11 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     return drafter, args.gamma
 
 
-def _live_profile(args, model: str, size: int, measure) -> tuple[SPSProfile, str]:
-    """The stored profile of ``model`` on this device when it reaches ``size``, else ``measure(size, model)`` (saved
+def _live_profile(args, device: torch.device, model: str, size: int, measure) -> tuple[SPSProfile, str]:
+    """The stored profile of ``model`` on ``device`` when it reaches ``size``, else ``measure(size, model)`` (saved
     in its place)."""
     try:
-        profile = load_profile(device_name(), model, args.sps_dir)
+        profile = load_profile(device_name(device), model, args.sps_dir)
         if profile.batch_sizes[-1] >= size:
             return profile, "loaded"
     except FileNotFoundError:
@@ -162,14 +165,14 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     # bf16 GEMMs and the batch-invariant attention give other profiles than fp32 GEMMs and the fused attention
     suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
         ("+batch-invariant" if args.batch_invariant else "")
-    max_c, target_name = max(args.concurrency), Path(args.model).name
-    profile, where = _live_profile(args, f"{target_name}{suffix}", max_c * (args.gamma + 1),
+    max_c, target_name, dev = max(args.concurrency), Path(args.model).name, target.device
+    profile, where = _live_profile(args, dev, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
     for width, tag in draft_round_widths(args.gamma):
         draft_profiles[width], draft_where = _live_profile(
-            args, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
-            lambda n, model, width=width: profile_drafter(target, drafter, n, device=device_name(), model=model,
+            args, dev, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
+            lambda n, model, width=width: profile_drafter(target, drafter, n, device=device_name(dev), model=model,
                                                           context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
                                                           repeats=PROFILE_REPEATS))
         where += f"; draft-round profile at {width} slot(s) {draft_where}"
