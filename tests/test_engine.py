@@ -246,34 +246,6 @@ def test_drafting_gain_hand_cases():
     # the best common length itself, plain steps included: k = 0 (2 * 10 = 20) beats k = 1 (2 * 1.1 * 7 = 15.4)
     assert best_common_length([0.1, 0.0], 2, rate) == (0, pytest.approx(20.0))
     assert best_common_length([0.1, 0.0], 2, rate, min_length=1) == (1, pytest.approx(15.4))
-    # with a realised / predicted acceptance per drafted length: k = 2 at 0.5 gives 1 + 0.5 * 1.7 = 1.85 tokens
-    ratio = {1: 1.0, 2: 0.5}.get
-    assert drafting_gain([0.9, 0.8], 1, rate, ratio) == pytest.approx(max(1.9 * 9, 1.85 * 8) / 20)
-
-
-def test_acceptance_ratio_follows_realised_acceptance_and_moves_the_width():
-    """Each drafted round's predicted accepted drafts (the calibrated survival over the verified drafts) and its
-    realised ones are summed per width (read with the next round's mean, no extra host read). Two requests draft 2
-    slots at survival (0.6, 0.3) and verify both (1.8 predicted) but accept 1 between them: the ratio falls from 1
-    towards 1 / 1.8, and once it is low enough the width rule prefers 1 slot (not drafted yet: ratio 1). With the
-    profiles below (verify 10 ms, draft 10 ms at 1 slot and 20 ms at 4), 2 slots rate 1.9 / 23.3 ms against 1.6 /
-    20 ms."""
-    policy = make_policy("dspark", prior_survival=[0.6, 0.3, 0.15, 0.08])
-    policy.bind(flat_profile(4 * (GAMMA + 1), 100.0), GAMMA, 4, flat_profile(4, 50.0), flat_profile(4, 100.0))
-    assert policy.draft_width([0, 1], 0) == 2 and policy.acceptance_ratio(2) == 1.0
-    a, lens = torch.tensor([0.6, 0.3, 0.6, 0.3]), torch.tensor([2, 2])
-    for step in range(60):
-        policy._remember(a, 2, 2, step)  # folds the previous rounds' pairs in
-        if step == 1:
-            assert policy.acceptance_ratio(2) == pytest.approx((1.0 + 20) / (1.8 + 20))
-        if step == 2:
-            assert policy.acceptance_ratio(2) == pytest.approx((1.995 + 20) / (1.995 * 1.8 + 20))
-        assert policy._expect(a, lens, 2) is lens
-        policy.observe(torch.tensor([0, 1], dtype=torch.int32), lens)
-    assert policy.acceptance_ratio(2) < 0.7 and policy.acceptance_ratio(1) == 1.0
-    assert policy.draft_width([0, 1], 60) == 1
-    policy.observe(torch.tensor([1, 1]), lens)  # a plain step (no prediction pending): nothing paired
-    assert len(policy._unread) == 1
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

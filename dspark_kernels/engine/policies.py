@@ -22,29 +22,27 @@ draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_w
 drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
 and Algorithm 1 and the production variant the common drafting length that the cost model rates best at the running mean
 of their calibrated survival (:func:`best_common_length`; the first round drafts ``gamma`` unless a prior gives the
-mean), within which Algorithm 1 shares the verify budget out per request. The expected accepted drafts at each width are
-corrected by what rounds at that width realised (:meth:`_Confident.acceptance_ratio`: realised over predicted accepted
-drafts, 1 for a width not drafted yet), so a width whose drafts accept less than their calibrated confidences say is
-rated at what it does. Each round's choice reads its drafted width's cost (the slots are drafted by then); the width is
-where the draft's cost is decided (a draft slot of one request costs 0.19 ms on this repository's CPU, a verified token
-0.05 ms). The width depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy.
-The gated DSpark policies (``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the
-round's rate with the draft round of the live requests included against the target's plain rate, with the expected
-accepted length from the running mean of the calibrated survival of earlier drafted rounds (:func:`drafting_gain` > 1).
-That mean starts from a prior when one is given (``prior_survival``: the drafter's held-out mean survival from its
-calibration), else from the first round, which then drafts to measure it. While the gate is closed it still probes
-(drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait after each unprofitable probe up to
-``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best outcome of the next probe could open
-it (every drafted position surviving, folded into the mean at the weight the next round gets: a probe costs a losing
-round and the backlog's intake, and one that cannot change the decision is not worth them); the first measurement (the
-prior, or the first round) counts as a probe. An engine built with a clock (``Engine(..., clock=time.perf_counter)``)
-also reports every round's wall time (``policy.observe_round``); once it has timed both a drafted round and a plain step
-at the live request count (running means), the gate compares their measured times with the expected tokens from the
-running mean survival instead of the modelled rates, because the profiles leave out the engine's own work around a round
-(sampling, bookkeeping, a drafter whose caches the target forward evicted). The engine keeps the committed tokens for
-the drafter's context until the next drafting round takes them in, so a closed gate costs no drafter work at all. On a
-GPU the draft round is a few percent of a step and the gate stays open; where drafting costs about a decode step (this
-repository's CPU) it is what keeps speculation from falling below plain decoding.
+mean), within which Algorithm 1 shares the verify budget out per request. Each round's choice reads its drafted width's
+cost (the slots are drafted by then); the width is where the draft's cost is decided (a draft slot of one request costs
+0.19 ms on this repository's CPU, a verified token 0.05 ms). The width depends on earlier rounds only. The threshold
+rule drafts ``gamma``: it stays a per-request policy. The gated DSpark policies (``dspark+gate``, ``dspark_prod+gate``)
+draft only when drafting is expected to pay: the round's rate with the draft round of the live requests included against
+the target's plain rate, with the expected accepted length from the running mean of the calibrated survival of earlier
+drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is given (``prior_survival``: the
+drafter's held-out mean survival from its calibration), else from the first round, which then drafts to measure it.
+While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
+after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best
+outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the
+next round gets: a probe costs a losing round and the backlog's intake, and one that cannot change the decision is
+not worth them); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
+(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time (``policy.observe_round``); once it
+has timed both a drafted round and a plain step at the live request count (running means), the gate compares their
+measured times with the expected tokens from the running mean survival instead of the modelled rates, because the
+profiles leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target
+forward evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes
+them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the
+gate stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from
+falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -84,30 +82,27 @@ GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
 
 
 def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor],
-                       min_length: int = 0, scale: Callable[[int], float] | None = None) -> tuple[int, float]:
+                       min_length: int = 0) -> tuple[int, float]:
     """The common verify length ``k`` (``min_length``..len(mean_survival)) of ``r`` requests with the most expected
-    tokens/s, and that rate: ``r * (1 + scale(k) * sum_{j <= k} a_j) * rate(k)[r (1 + k)]``, where ``rate(k)`` is the
-    table of rounds/s by verified tokens for a round that drafted ``k`` slots (``k = 0``: a plain step) and
-    ``scale(k)`` the realised over predicted acceptance of a ``k``-slot draft (1 when ``None``). Lengths whose
+    tokens/s, and that rate: ``r * (1 + sum_{j <= k} a_j) * rate(k)[r (1 + k)]``, where ``rate(k)`` is the table of
+    rounds/s by verified tokens for a round that drafted ``k`` slots (``k = 0``: a plain step). Lengths whose
     ``r (1 + k)`` tokens pass the table's end are left out; ``(min_length, 0.0)`` when every length is."""
-    accepted, best = 0.0, (min_length, 0.0)
+    expected, best = 1.0, (min_length, 0.0)
     for k in range(len(mean_survival) + 1):
-        accepted += float(mean_survival[k - 1]) if k else 0.0
+        expected += float(mean_survival[k - 1]) if k else 0.0
         table = rate(k)
         if r * (1 + k) > table.numel() - 1:
             break
-        expected = 1.0 + (accepted * scale(k) if scale is not None and k else accepted)
         tokens_per_s = r * expected * float(table[r * (1 + k)])
         if k >= min_length and tokens_per_s > best[1]:
             best = (k, tokens_per_s)
     return best
 
 
-def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor],
-                  scale: Callable[[int], float] | None = None) -> float:
+def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor]) -> float:
     """How much faster drafting is expected to be than a plain decode step for ``r`` requests (> 1: it pays): the best
     rate of :func:`best_common_length` over drafting lengths ``k >= 1``, over the plain step's ``r * rate(0)[r]``."""
-    return best_common_length(mean_survival, r, rate, min_length=1, scale=scale)[1] / (r * float(rate(0)[r]))
+    return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
 
 
 class Policy:
@@ -242,8 +237,6 @@ class _Confident(Policy):
     GATE_PROBE_MAX = 256  # ... doubling the wait after each probe that finds drafting still unprofitable, up to this
     # (at once while the next probe's best outcome would leave the gate closed)
     GATE_TIME_EMA = 0.2  # weight of the newest round in the measured seconds of drafted rounds and of plain steps
-    ACCEPT_PRIOR = 20.0  # predicted accepted drafts at ratio 1 behind each width's realised / predicted acceptance
-    ACCEPT_DECAY = 0.995  # weight of a width's past rounds per drafted round of that width
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
                  prior_survival: Sequence[float] | None = None) -> None:
@@ -269,12 +262,6 @@ class _Confident(Policy):
         self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
         self._seconds: dict[tuple[int, bool], float] = {}  # measured seconds per round by (live requests, drafted)
         self._widths: dict[int, int] = {}  # draft width by live request count, for the current mean
-        # per drafted width: decayed sums of predicted (calibrated survival over the verified drafts) and realised
-        # accepted drafts; the last drafted round's prediction, then its (prediction, outcome) pairs on the device
-        # until the next drafted round reads them with its mean
-        self._accepts: dict[int, tuple[float, float]] = {}
-        self._predicted: tuple[int, torch.Tensor] | None = None
-        self._unread: list[tuple[int, torch.Tensor]] = []
 
     def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile, narrow_draft_profile)
@@ -288,7 +275,6 @@ class _Confident(Policy):
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
         self._gains, self._seconds, self._widths = {}, {}, {}
-        self._accepts, self._predicted, self._unread = {}, None, []
 
     def draft_width(self, live, step):
         """The drafting length (1..gamma) that :func:`best_common_length` rates best for the live requests at the
@@ -300,30 +286,8 @@ class _Confident(Policy):
         width = self._widths.get(r)
         if width is None:
             width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_table(r, k),
-                                                         min_length=1, scale=self.acceptance_ratio)[0]
+                                                         min_length=1)[0]
         return width
-
-    def acceptance_ratio(self, width: int) -> float:
-        """Realised over predicted accepted drafts of the rounds that drafted ``width`` slots (decayed sums behind
-        ``ACCEPT_PRIOR`` predicted drafts at ratio 1, so a width not drafted yet reads 1). It corrects the calibrated
-        survival where the live drafts differ from the calibration's: a block drafter's narrow blocks, never trained
-        on, accept less than their confidences say (README, *Draft width*)."""
-        predicted, realised = self._accepts.get(width, (0.0, 0.0))
-        return (realised + self.ACCEPT_PRIOR) / (predicted + self.ACCEPT_PRIOR)
-
-    def _expect(self, a: torch.Tensor, lens: torch.Tensor, r: int) -> torch.Tensor:
-        """Note this round's predicted accepted drafts (the survival ``a [R * width]`` summed over each request's
-        verified drafts, ``lens [R]``) for :meth:`observe`; returns ``lens``."""
-        width = a.numel() // r
-        verified = torch.arange(width, device=a.device)[None, :] < lens.to(a.device)[:, None]
-        self._predicted = (width, (a.view(r, width) * verified).sum())
-        return lens
-
-    def observe(self, accepted, verify_lens):
-        if self._predicted is not None:  # a drafted round: pair its prediction with its outcome (no host read)
-            width, predicted = self._predicted
-            self._unread.append((width, torch.stack([predicted, accepted.sum().to(predicted)])))
-            self._predicted = None
 
     def observe_round(self, r, drafted, seconds):
         if not self.gate or seconds <= 0:
@@ -336,19 +300,17 @@ class _Confident(Policy):
         """Expected tokens/s of drafting over a plain step's with ``r`` live requests, at the running mean survival
         (or at ``mean_survival``). Once both a drafted round and a plain step of ``r`` requests have been timed
         (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the expected tokens per request ``1 +
-        rho_w sum_{j <= w} a_j`` at the width ``w`` the policy drafts for ``r`` and that width's realised / predicted
-        acceptance ``rho_w`` (:meth:`acceptance_ratio`; a round's time varies little, its emitted tokens a lot: a few
-        unlucky rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
+        sum_{j <= w} a_j`` at the width ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted
+        tokens a lot: a few unlucky rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
         drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
         mean = self._mean_survival if mean_survival is None else mean_survival
         if drafted is not None and plain is not None:
-            width = self._width_for(r)
-            return (1.0 + self.acceptance_ratio(width) * sum(mean[:width])) * plain / drafted
+            return (1.0 + sum(mean[: self._width_for(r)])) * plain / drafted
         if mean_survival is not None:
-            return drafting_gain(mean, r, lambda k: self.step_table(r, k), self.acceptance_ratio)
+            return drafting_gain(mean, r, lambda k: self.step_table(r, k))
         modelled = self._gains.get(r)
         if modelled is None:
-            modelled = self._gains[r] = drafting_gain(mean, r, lambda k: self.step_table(r, k), self.acceptance_ratio)
+            modelled = self._gains[r] = drafting_gain(mean, r, lambda k: self.step_table(r, k))
         return modelled
 
     def _best_gain_after_probe(self, r: int) -> float:
@@ -397,14 +359,7 @@ class _Confident(Policy):
         """Fold this drafted round's survival ``a [R * width]`` into the running mean of its first ``width``
         positions (later positions keep their earlier mean): weight ``GATE_EMA`` from the first round when a prior
         (the held-out mean over thousands of rounds) started it, else the plain mean of the rounds until then."""
-        # one read per drafted round, not per step: the mean and the earlier rounds' (prediction, outcome) pairs
-        values = torch.cat([a.view(r, width).mean(dim=0), *(pair.to(a.device) for _, pair in self._unread)]).tolist()
-        mean = values[:width]
-        for i, (drafted, _) in enumerate(self._unread):
-            predicted, realised = self._accepts.get(drafted, (0.0, 0.0))
-            d = self.ACCEPT_DECAY
-            self._accepts[drafted] = (d * predicted + values[width + 2 * i], d * realised + values[width + 2 * i + 1])
-        self._unread = []
+        mean = a.view(r, width).mean(dim=0).tolist()  # one read per drafted round, not per step
         w = self._next_weight()
         self._drafted_rounds += 1
         old = self._mean_survival or mean + [0.0] * (self.gamma - width)
@@ -441,7 +396,7 @@ class DSpark(_Confident):
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
-        return self._expect(a, select_verify_lengths_alg1(a, cu, table, check_inputs=False).long(), len(live))
+        return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
 class DSparkProd(_Confident):
@@ -469,7 +424,7 @@ class DSparkProd(_Confident):
             k = capacity_unconstrained(stale_a, stale_cu, table, check_inputs=False)
             lens = select_verify_lengths_topk(a, cu, k, check_inputs=False)
         self._history.append((a, cu))
-        return self._expect(a, lens.long(), len(live))
+        return lens.long()
 
 
 class SmartSpec(Policy):
