@@ -132,14 +132,16 @@ class SPSProfile:
 def _non_increasing_fit(rates: Sequence[float]) -> list[float]:
     """The non-increasing sequence closest to ``rates`` in least squares (pool adjacent violators): each run of
     sizes whose rates rise with B is replaced by its mean, repeated until no rise is left."""
-    blocks: list[list[float]] = []  # [sum, count] of pooled neighbouring sizes
+    sums: list[float] = []  # rate sums and sizes of the pooled runs of neighbouring sizes
+    counts: list[int] = []
     for rate in rates:
-        blocks.append([rate, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return [total / count for total, count in blocks for _ in range(int(count))]
+        sums.append(rate)
+        counts.append(1)
+        while len(sums) > 1 and sums[-2] / counts[-2] < sums[-1] / counts[-1]:
+            total, count = sums.pop(), counts.pop()
+            sums[-1] += total
+            counts[-1] += count
+    return [total / count for total, count in zip(sums, counts) for _ in range(count)]
 
 
 def _fail(where: str, field_name: str, why: str) -> ValueError:
