@@ -296,28 +296,31 @@ class _Confident(Policy):
         self._seconds[r, drafted] = seconds if old is None else (1 - self.GATE_TIME_EMA) * old + \
             self.GATE_TIME_EMA * seconds
 
-    def gain(self, r: int, mean_survival: Sequence[float] | None = None) -> float:
-        """Expected tokens/s of drafting over a plain step's with ``r`` live requests, at the running mean survival
-        (or at ``mean_survival``). Once both a drafted round and a plain step of ``r`` requests have been timed
-        (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the expected tokens per request ``1 +
+    def gain(self, r: int) -> float:
+        """Expected tokens/s of drafting over a plain step's with ``r`` live requests at the running mean survival
+        (:meth:`_gain_at`; the modelled gain is kept until the mean moves)."""
+        if (r, True) in self._seconds and (r, False) in self._seconds:
+            return self._gain_at(r, self._mean_survival)
+        modelled = self._gains.get(r)
+        if modelled is None:
+            modelled = self._gains[r] = self._gain_at(r, self._mean_survival)
+        return modelled
+
+    def _gain_at(self, r: int, mean_survival: Sequence[float]) -> float:
+        """:meth:`gain` at ``mean_survival``. Once both a drafted round and a plain step of ``r`` requests have been
+        timed (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the expected tokens per request ``1 +
         sum_{j <= w} a_j`` at the width ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted
         tokens a lot: a few unlucky rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
         drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
-        mean = self._mean_survival if mean_survival is None else mean_survival
         if drafted is not None and plain is not None:
-            return (1.0 + sum(mean[: self._width_for(r)])) * plain / drafted
-        if mean_survival is not None:
-            return drafting_gain(mean, r, lambda k: self.step_table(r, k))
-        modelled = self._gains.get(r)
-        if modelled is None:
-            modelled = self._gains[r] = drafting_gain(mean, r, lambda k: self.step_table(r, k))
-        return modelled
+            return (1.0 + sum(mean_survival[: self._width_for(r)])) * plain / drafted
+        return drafting_gain(mean_survival, r, lambda k: self.step_table(r, k))
 
     def _best_gain_after_probe(self, r: int) -> float:
         """:meth:`gain` with the next drafted round's best outcome folded in: survival 1 at every position, at the
         weight :meth:`_remember` would give it."""
         w = self._next_weight()
-        return self.gain(r, [(1 - w) * a + w for a in self._mean_survival])
+        return self._gain_at(r, [(1 - w) * a + w for a in self._mean_survival])
 
     def drafts(self, live, step):
         if not self.gate or self._mean_survival is None:
