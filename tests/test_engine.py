@@ -451,6 +451,24 @@ class _DraftFrom(FixedK):
         return self.gamma
 
 
+class _Width(_DraftFrom):
+    """Drafts every round at a fixed (possibly bad) width."""
+
+    def __init__(self, width) -> None:
+        super().__init__(0)
+        self.width = width
+
+    def draft_width(self, live, step):
+        return self.width
+
+
+@pytest.mark.parametrize("width", [0, GAMMA + 1, True, 2.0, None])
+def test_policy_width_outside_the_block_is_refused(target, drafter, width):  # noqa: F811
+    eng = Engine(target, drafter, _Width(width), linear_profile(2 * (GAMMA + 1), 6.0), GAMMA, page_size=8, max_batch=2)
+    with pytest.raises(ValueError, match=f"asked for draft width {width!r}, outside 1..{GAMMA}"):
+        run_closed_loop(eng, PROMPTS[:2], 2, 4)
+
+
 @pytest.mark.parametrize("which", ["block", "chain"])
 def test_deferred_drafter_context_catches_up_exactly(target, drafter, monkeypatch, which):  # noqa: F811
     """Plain steps defer the drafter's context; the next drafting round takes it in, and drafts exactly what a drafter

@@ -259,7 +259,7 @@ class Engine:
         drafting = self.policy.drafts(live, self.steps)
         if drafting:
             width = self.policy.draft_width(live, self.steps)
-            if not (isinstance(width, int) and 1 <= width <= gamma):
+            if not (is_int(width) and 1 <= width <= gamma):
                 raise ValueError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
             backlog = self._pending.longest(live) > gamma + 1
             context = self._pending.take(live, dev)
