@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -205,8 +206,11 @@ def test_gpu_check_script_syntax():
 
 
 def test_sps_cli(tmp_path):
-    """The SPS profile CLI: exit 2 without a GPU by default; a CPU smoke run writes a loadable profile."""
-    from dspark_kernels.engine.sps import read_profile
+    """The SPS profile CLI: exit 2 without a GPU by default; a CPU smoke run writes a loadable profile, keyed by the
+    CPU and its thread count as the serving bench keys its CPU profiles."""
+    from dspark_kernels.engine.sps import profile_path, read_profile
+
+    cpu = f"cpu-{platform.machine()}-1t"
 
     cmd = [sys.executable, "-m", "dspark_kernels.engine.sps", "--out-dir", str(tmp_path)]
     if not torch.cuda.is_available():
@@ -217,15 +221,15 @@ def test_sps_cli(tmp_path):
                                  "--repeats", "1"], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "RuntimeWarning" not in proc.stderr  # importing the engine package does not import the CLI's module
-    prof = read_profile(tmp_path / "cpu__dspark_target.json")
+    prof = read_profile(profile_path(cpu, "dspark-target", tmp_path))
     assert prof.batch_sizes == (1, 2, 3, 4, 5) and prof.source == "measured"
     drafter = REPO / "dspark_kernels" / "assets" / "drafters" / "dspark"
     proc = subprocess.run(cmd + ["--device", "cpu", "--max-batch", "2", "--context", "16", "--warmup", "1",
                                  "--repeats", "1", "--drafter", str(drafter), "--max-requests", "3"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    for tag, slots in (("", 7), ("_w1", 1)):
-        rounds = read_profile(tmp_path / f"cpu__dspark_target_dspark_rounds{tag}.json")
+    for tag, slots in (("", 7), ("-w1", 1)):
+        rounds = read_profile(profile_path(cpu, f"dspark-target+dspark-rounds{tag}", tmp_path))
         assert rounds.batch_sizes == (1, 2, 3) and f"draft rounds/s at {slots} slot(s)" in proc.stdout
     proc = subprocess.run(cmd + ["--device", "cpu", "--warmup", "0", "--drafter", str(drafter)],
                           capture_output=True, text=True, timeout=120, env=env)

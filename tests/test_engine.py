@@ -717,11 +717,11 @@ def test_serving_cli_writes_json_csv_png(tmp_path, monkeypatch, mode):
 def test_serving_profiles_are_keyed_by_the_device_the_target_runs_on(monkeypatch):
     """A target run on the CPU of a machine that also has a GPU measures and looks up CPU profiles (the key used to
     name the GPU whenever one was visible)."""
-    from dspark_kernels.bench.serving import device_name
+    from dspark_kernels.engine.sps import profile_device_name
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H200")
-    assert device_name(torch.device("cpu")) == f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
+    assert profile_device_name(torch.device("cpu")) == f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
 
 
 def test_paired_ratios_divide_within_each_round_robin_cycle():

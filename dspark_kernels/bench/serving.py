@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import platform
 import random
 import statistics
 import time
@@ -50,7 +49,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..autotune.store import device_name as store_device_name
 from ..cli_args import fraction_below_one, non_negative_float, positive_float, positive_int
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
@@ -62,6 +60,7 @@ from ..engine.sps import (
     analytic_roofline,
     draft_round_widths,
     load_profile,
+    profile_device_name,
     profile_drafter,
     profile_target,
     read_profile,
@@ -79,22 +78,13 @@ PROFILE_WARMUP = 3  # untimed calls per size
 PROFILE_REPEATS = 20  # timed calls per size: on a CPU, steps of neighbouring sizes differ less than 5 calls' noise
 
 
-def device_name(device: torch.device) -> str:
-    """The key of a profile measured on ``device`` (where the target runs): a GPU's name as the SPS CLI writes it
-    (:func:`dspark_kernels.autotune.store.device_name`), or the CPU's with its thread count (a CPU-run target on a
-    machine that also has a GPU is a CPU profile)."""
-    if device.type == "cuda":
-        return store_device_name(device.index or 0)
-    return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
-
-
 def measure_target_profile(target, max_tokens: int, context: int, model: str) -> SPSProfile:
     """The target's verify steps/s at every batch B = 1..``max_tokens``: one request holding ``context`` tokens
     verifies B tokens (rolled back). Every size is measured: a sparse profile would read as a staircase whose first
     token past each measured size never pays, and Algorithm 1 would stop there."""
     step = target_step_fn(target, target.device, max_tokens, context, per_request=max_tokens)
-    return profile_target(step, max_tokens, device=device_name(target.device), model=model, warmup=PROFILE_WARMUP,
-                          repeats=PROFILE_REPEATS)
+    return profile_target(step, max_tokens, device=profile_device_name(target.device), model=model,
+                          warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS)
 
 
 def request_caps(n: int, max_new_tokens: int, length_range: float, seed: int) -> list[int]:
@@ -152,7 +142,7 @@ def _live_profile(args, device: torch.device, model: str, size: int, measure) ->
     """The stored profile of ``model`` on ``device`` when it reaches ``size``, else ``measure(size, model)`` (saved
     in its place)."""
     try:
-        profile = load_profile(device_name(device), model, args.sps_dir)
+        profile = load_profile(profile_device_name(device), model, args.sps_dir)
         if profile.batch_sizes[-1] >= size:
             return profile, "loaded"
     except FileNotFoundError:
@@ -172,9 +162,9 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     for width, tag in draft_round_widths(args.gamma):
         draft_profiles[width], draft_where = _live_profile(
             args, dev, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
-            lambda n, model, width=width: profile_drafter(target, drafter, n, device=device_name(dev), model=model,
-                                                          context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
-                                                          repeats=PROFILE_REPEATS))
+            lambda n, model, width=width: profile_drafter(target, drafter, n, device=profile_device_name(dev),
+                                                          model=model, context=args.prompt_len, gamma=width,
+                                                          warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS))
         where += f"; draft-round profile at {width} slot(s) {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations

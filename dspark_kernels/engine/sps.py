@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import platform
 import re
 import statistics
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..autotune.store import CONFIG_DIR
+from ..autotune.store import device_name as gpu_name
 
 SPS_DIR = CONFIG_DIR.parent / "sps"  # autotune/sps next to the launch configs
 SOURCES = ("measured", "modelled")
@@ -48,6 +50,15 @@ _CREATE_HINT = (
     "profile_target(step_fn, max_batch, device=..., model=...).save()` (step_fn(B) runs one verify forward of B "
     "tokens), or write a modelled one with `analytic_roofline(gpu, params, model=...).save()`"
 )
+
+
+def profile_device_name(device: torch.device) -> str:
+    """The ``device`` key of a profile measured where ``device`` runs the target: a GPU's name
+    (:func:`dspark_kernels.autotune.store.device_name`), or the CPU's architecture with torch's thread count (a target
+    run on the CPU of a machine that also has a GPU gets a CPU profile)."""
+    if device.type == "cuda":
+        return gpu_name(device.index or 0)
+    return f"cpu-{platform.machine()}-{torch.get_num_threads()}t"
 
 
 def _sanitize(name: str) -> str:
@@ -394,7 +405,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import sys
 
-    from ..autotune.store import device_name
     from ..cli_args import missing_inputs_are_usage_errors
     from ..models.drafter_api import check_gamma, load_drafter
     from ..models.transformer import load_model
@@ -439,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if drafter is not None:
         check_gamma(drafter, args.gamma)
     step = target_step_fn(model, device, args.max_batch, args.context, args.tokens_per_request)
-    name = device_name(device.index or 0) if device.type == "cuda" else "cpu"
+    name = profile_device_name(device)
     sync = _default_sync if device.type == "cuda" else (lambda: None)
     prof = profile_target(step, args.max_batch, device=name, model=args.model, warmup=args.warmup,
                           repeats=args.repeats, sync=sync)
