@@ -138,11 +138,11 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     return drafter, args.gamma
 
 
-def _live_profile(args, device: torch.device, model: str, size: int, measure) -> tuple[SPSProfile, str]:
-    """The stored profile of ``model`` on ``device`` when it reaches ``size``, else ``measure(size, model)`` (saved
-    in its place)."""
+def _live_profile(args, device: str, model: str, size: int, measure) -> tuple[SPSProfile, str]:
+    """The stored profile of ``model`` on ``device`` (a profile key, :func:`profile_device_name`) when it reaches
+    ``size``, else ``measure(size, model)`` (saved in its place)."""
     try:
-        profile = load_profile(profile_device_name(device), model, args.sps_dir)
+        profile = load_profile(device, model, args.sps_dir)
         if profile.batch_sizes[-1] >= size:
             return profile, "loaded"
     except FileNotFoundError:
@@ -155,16 +155,16 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     # bf16 GEMMs and the batch-invariant attention give other profiles than fp32 GEMMs and the fused attention
     suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
         ("+batch-invariant" if args.batch_invariant else "")
-    max_c, target_name, dev = max(args.concurrency), Path(args.model).name, target.device
-    profile, where = _live_profile(args, dev, f"{target_name}{suffix}", max_c * (args.gamma + 1),
+    max_c, target_name, device = max(args.concurrency), Path(args.model).name, profile_device_name(target.device)
+    profile, where = _live_profile(args, device, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                    lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
     for width, tag in draft_round_widths(args.gamma):
         draft_profiles[width], draft_where = _live_profile(
-            args, dev, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
-            lambda n, model, width=width: profile_drafter(target, drafter, n, device=profile_device_name(dev),
-                                                          model=model, context=args.prompt_len, gamma=width,
-                                                          warmup=PROFILE_WARMUP, repeats=PROFILE_REPEATS))
+            args, device, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
+            lambda n, model, width=width: profile_drafter(target, drafter, n, device=device, model=model,
+                                                          context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
+                                                          repeats=PROFILE_REPEATS))
         where += f"; draft-round profile at {width} slot(s) {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
