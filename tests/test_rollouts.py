@@ -6,7 +6,14 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark_kernels.models import load_model
 from dspark_kernels.train.corpus import build_corpus
-from dspark_kernels.train.rollouts import generate_rollouts, load_rollouts, sample_prompts, save_rollouts
+from dspark_kernels.train.rollouts import (
+    Rollouts,
+    generate_rollouts,
+    load_rollout_dirs,
+    load_rollouts,
+    sample_prompts,
+    save_rollouts,
+)
 from dspark_kernels.train.tokenizer import load_tokenizer
 from tests.test_corpus_tokenizer import ASSETS, _small_sources
 
@@ -38,6 +45,22 @@ def test_rollouts_round_trip_and_temperature_mix(tiny_target, tmp_path):
 def test_missing_rollouts_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="no heldout rollouts"):
         load_rollouts(tmp_path, "heldout")
+
+
+def test_rollout_dirs_are_pooled_in_the_order_given(tmp_path):
+    """Sampled and greedy rollouts written by two runs into two directories train as one pool, in the order named; a
+    directory without rollouts of the split is an error naming it."""
+    sampled = Rollouts([[1, 5], [1, 6]], [[7, 8], [9]], [0.7, 1.0], [0, 1])
+    greedy = Rollouts([[1, 10]], [[11, 12, 13]], [0.0], [1])
+    save_rollouts(sampled, tmp_path / "sampled", "train")
+    save_rollouts(greedy, tmp_path / "greedy", "train")
+    pooled = load_rollout_dirs([tmp_path / "sampled", tmp_path / "greedy"], "train")
+    assert pooled.prompts == sampled.prompts + greedy.prompts
+    assert pooled.responses == sampled.responses + greedy.responses
+    assert pooled.temperature == pytest.approx([0.7, 1.0, 0.0]) and pooled.domain == [0, 1, 1]
+    assert load_rollout_dirs([tmp_path / "greedy", tmp_path / "sampled"], "train").prompts[0] == [1, 10]
+    with pytest.raises(FileNotFoundError, match=f"no train rollouts under {tmp_path / 'empty'}"):
+        load_rollout_dirs([tmp_path / "sampled", tmp_path / "empty"], "train")
 
 
 def test_prompts_come_from_the_requested_split(tmp_path):

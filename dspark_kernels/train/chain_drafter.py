@@ -34,7 +34,7 @@ from ..models import CausalLM, load_model
 from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
 from .drafter_data import target_outputs
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
-from .rollouts import Rollouts, load_rollouts
+from .rollouts import Rollouts, load_rollout_dirs
 
 DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
 
@@ -105,7 +105,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
-    rollouts = load_rollouts(args.rollouts, "train")
+    rollouts = load_rollout_dirs(args.rollouts, "train")
     check_batch_size(args.batch_size, len(rollouts), args.rollouts)
     if args.ce_weight + args.tv_weight == 0:
         raise SystemExit("error: --ce-weight and --tv-weight are both 0: the loss would be 0 and nothing trained")

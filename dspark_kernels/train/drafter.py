@@ -32,7 +32,7 @@ from ..models import load_model
 from ..models.drafter import BlockDrafter, DrafterConfig
 from .drafter_data import DrafterBatch, make_batch
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
-from .rollouts import load_rollouts
+from .rollouts import load_rollout_dirs
 from .tokenizer import MASK_ID
 
 LOSS_WEIGHTS = {"dspark": (0.1, 0.9, 1.0), "dflash": (1.0, 0.0, 0.0)}
@@ -75,7 +75,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
-    rollouts = load_rollouts(args.rollouts, "train")
+    rollouts = load_rollout_dirs(args.rollouts, "train")
     check_batch_size(args.batch_size, len(rollouts), args.rollouts)
     cfg = DrafterConfig(
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,

@@ -8,7 +8,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -80,11 +80,11 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
     return summary
 
 
-def check_batch_size(batch_size: int, num_rollouts: int, rollouts_dir: Path) -> None:
+def check_batch_size(batch_size: int, num_rollouts: int, rollouts_dirs: Sequence[Path]) -> None:
     """Each step samples ``batch_size`` distinct rollouts: refuse a batch larger than the training rollouts."""
     if batch_size > num_rollouts:
         raise SystemExit(f"error: --batch-size {batch_size} exceeds the {num_rollouts} training rollouts under "
-                         f"{rollouts_dir}")
+                         f"{', '.join(map(str, rollouts_dirs))}")
 
 
 def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
@@ -110,7 +110,8 @@ def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """The options every drafter trainer shares (the ones :func:`run_training` and the data loaders read)."""
     p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
-    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
+    p.add_argument("--rollouts", type=Path, nargs="+", default=[Path("data/rollouts")],
+                   help="rollout directories; the train rollouts of all of them are pooled")
     p.add_argument("--work-dir", type=Path, default=None, help="default: data/drafter_runs/<name>")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=positive_int, default=600)

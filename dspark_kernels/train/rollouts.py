@@ -24,6 +24,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +126,20 @@ def load_rollouts(out_dir: Path, split: str) -> Rollouts:
         ro.temperature.extend(t["temperature"].tolist())
         ro.domain.extend(t["domain"].tolist())
     return ro
+
+
+def load_rollout_dirs(dirs: Sequence[Path], split: str) -> Rollouts:
+    """The rollouts of ``split`` under every directory of ``dirs``, pooled in the order given (e.g. the sampled and
+    the greedy rollouts of two runs of this CLI with different ``--temperatures`` and ``--out``); each directory must
+    hold some (:func:`load_rollouts`)."""
+    pooled = Rollouts([], [], [], [])
+    for out_dir in dirs:
+        part = load_rollouts(out_dir, split)
+        pooled.prompts += part.prompts
+        pooled.responses += part.responses
+        pooled.temperature += part.temperature
+        pooled.domain += part.domain
+    return pooled
 
 
 def main(argv: list[str] | None = None) -> None:
