@@ -5,10 +5,14 @@
 # quality.
 # The shipped drafters were trained for 300 steps, then resumed to 1000 and to 1600 with the cosine schedule recomputed
 # over the longer run each time (warm restarts); STEPS_DRAFTER_STAGES lists the stages, the same for every drafter.
+# Then each was fine-tuned for STEPS_FINETUNE steps (learning rate 3e-4, seed 1) on the sampled rollouts pooled with
+# greedy ones (the demo decodes greedily, and greedy continuations loop where sampled ones rarely do), the block
+# drafters on block widths 1 2 3 7 15 (narrow drafts are what a confidence-scheduled engine runs at low load).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS_TARGET=${STEPS_TARGET:-1400}
 STEPS_DRAFTER_STAGES=${STEPS_DRAFTER_STAGES:-"300 1000 1600"}
+STEPS_FINETUNE=${STEPS_FINETUNE:-600}
 N_ROLLOUTS=${N_ROLLOUTS:-1024}
 A=dspark_kernels/assets
 
@@ -19,6 +23,8 @@ python -m dspark_kernels.train.target --corpus data/corpus --work-dir data/targe
 python -m dspark_kernels.train.model_card --model $A/target --corpus data/corpus
 python -m dspark_kernels.train.rollouts --model $A/target --split train --num-prompts "$N_ROLLOUTS"
 python -m dspark_kernels.train.rollouts --model $A/target --split heldout --num-prompts 2048
+python -m dspark_kernels.train.rollouts --model $A/target --split train --num-prompts "$N_ROLLOUTS" --temperatures 0 \
+    --seed 100 --out data/rollouts_greedy
 # the small same-tokenizer model that `bench peers` gives transformers' assisted generation
 python -m dspark_kernels.train.target --size assistant --corpus data/corpus --work-dir data/assistant_run \
     --out $A/assistant --max-steps 600 --eval-every 200 --resume
@@ -41,6 +47,17 @@ train_block dflash --loss dflash --rank 0
 train_block dspark_rnn --head rnn --rank 64
 train_chain eagle
 train_chain mtp1
+finetune=(--steps "$STEPS_FINETUNE" --lr 3e-4 --seed 1 --rollouts data/rollouts data/rollouts_greedy)
+for spec in "dspark --head vanilla --rank 64" "dflash --loss dflash --rank 0" "dspark_rnn --head rnn --rank 64"; do
+    set -- $spec
+    name=$1; shift
+    python -m dspark_kernels.train.drafter --name "$name" "$@" --gammas 1 2 3 7 15 "${finetune[@]}" \
+        --init $A/drafters/"$name" --work-dir data/drafter_runs/"$name"_greedy --out $A/drafters/"$name"
+done
+for name in mtp1 eagle; do
+    python -m dspark_kernels.train.chain_drafter --name "$name" "${finetune[@]}" --init $A/drafters/"$name" \
+        --work-dir data/drafter_runs/"$name"_greedy --out $A/drafters/"$name"
+done
 for d in dspark dspark_rnn; do
     python -m dspark_kernels.train.calibration --model $A/target --drafter $A/drafters/$d --rollouts data/rollouts \
         --num-prompts 2048
