@@ -3,18 +3,22 @@
 One step for a batch of running requests (dense draft block per request, as SGLang's block drafters keep it):
 
 1. draft: ``gamma`` tokens per request from the drafter, with per-request uniforms derived on the device from
-   ``seeds``/``offsets`` tensors (no generator state, so the step can be captured in a CUDA graph);
+   ``seeds``/``offsets`` tensors (no generator state, so the step can be captured in a CUDA graph); the same pass
+   takes the tokens committed since the request's last draft into the drafter's context (``context``);
 2. schedule: optionally, SGLang-style ``schedule_verify_lens_topk`` picks how many drafts of each request to verify
    under a token ``budget`` (calibrated prefix survival of the confidence head); without a budget all are verified;
 3. pack: the admitted drafts become vLLM's flattened ``draft_token_ids [N]`` + ``cu_num_draft_tokens [B]`` (inclusive)
    and the verify batch ``[anchor, drafts...]`` per request, whose logits are exactly vLLM's ``logits_indices`` rows;
 4. verify: one target forward over the ragged batch, then ``rejection_sample_vllm`` (int32 output, ``-1`` padding);
 5. commit: the one device-to-host copy of the step (the emitted tokens, as every engine reads them), KV rollback of
-   the rejected drafts, and the drafter's context extended by the kept tokens.
+   the rejected drafts; the kept tokens with their target features wait for the next step's draft pass
+   (:class:`~dspark_kernels.engine.PendingContext`).
 
 On the CPU with the reference ops (and with the shipped demo models) this produces exactly the tokens of the
 library's own loop, :func:`dspark_kernels.engine.speculative.speculative_generate` (checked by
-``tests/test_adapters.py``). Run: ``python examples/engine_step.py --budget 12``.
+``tests/test_adapters.py``), at T > 0 too: it runs the same passes over the same rows (extending the drafter's context
+in a pass of its own instead would round its keys and values differently in the last bit, and a T > 0 draw at a
+boundary can follow that). Run: ``python examples/engine_step.py --budget 12``.
 """
 
 from __future__ import annotations
@@ -25,20 +29,22 @@ from pathlib import Path
 import torch
 
 from dspark_kernels.adapters import pack_verified_drafts, rejection_sample_vllm, schedule_verify_lens_topk
-from dspark_kernels.engine import DRAFT_NOISE_STREAM, Sampling, features_of, finish_reason, prefill
+from dspark_kernels.engine import DRAFT_NOISE_STREAM, PendingContext, Sampling, features_of, finish_reason, prefill
 from dspark_kernels.noise import uniform_noise
 
 ASSETS = Path(__file__).resolve().parents[1] / "dspark_kernels" / "assets"
 
 
 def engine_step(target, drafter, tcache, dstate, rids: list[int], anchors: torch.Tensor, gamma: int,
-                sampling: Sampling, budget: int | None, impl: str | None = None) -> list[list[int]]:
+                sampling: Sampling, budget: int | None, pending: PendingContext,
+                impl: str | None = None) -> list[list[int]]:
     """One draft -> schedule -> verify -> commit step for requests ``rids`` (anchors ``[R]`` on the device);
-    returns each request's emitted tokens (accepted drafts, then the correction or bonus token)."""
+    returns each request's emitted tokens (accepted drafts, then the correction or bonus token). ``pending`` holds
+    the tokens each request committed since its last draft; the draft takes them, the commit adds this step's."""
     r, dev = len(rids), anchors.device
     uniforms = uniform_noise(sampling.seed, sampling.offset, (gamma,), stream=DRAFT_NOISE_STREAM).reshape(-1)
     drafted = drafter.draft(dstate, rids, anchors, gamma, sampling.temperature, sampling.top_k, sampling.top_p,
-                            uniforms, impl=impl)
+                            uniforms, impl=impl, context=pending.take(rids, dev))
 
     if budget is None or drafted.confidence_logits is None:
         verify_lens = torch.full((r,), gamma, dtype=torch.int32, device=dev)
@@ -71,8 +77,7 @@ def engine_step(target, drafter, tcache, dstate, rids: list[int], anchors: torch
         emitted.append(toks)
     keep_t = torch.tensor(keep, dtype=torch.int64, device=dev)
     keep_cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.tensor([len(e) for e in emitted]).cumsum(0)])
-    drafter.extend(dstate, rids, tokens[keep_t], features_of(fwd.hidden_states, layers)[keep_t],
-                   keep_cu.to(dev, torch.int32))
+    pending.add(rids, (tokens[keep_t], features_of(fwd.hidden_states, layers)[keep_t], keep_cu.to(dev, torch.int32)))
     return emitted
 
 
@@ -95,7 +100,9 @@ def run(target, drafter, prompts: list[list[int]], max_new_tokens: int, gamma: i
                            [seeds[i] for i in live], [step[i] for i in live], dev)
 
     live = list(range(n))
-    out = [[tok] for tok in prefill(target, drafter, tcache, dstate, live, prompts, sampling(live), impl)]
+    pending = PendingContext()
+    out = [[tok] for tok in prefill(target, drafter, tcache, dstate, live, prompts, sampling(live), impl,
+                                    defer=lambda kept: pending.add(live, kept))]
     while True:
         for i in live:
             step[i] += 1
@@ -106,12 +113,13 @@ def run(target, drafter, prompts: list[list[int]], max_new_tokens: int, gamma: i
             else:
                 tcache.free(i)
                 drafter.free(dstate, i)
+                pending.drop(i)
         live = still
         if not live:
             return out
         anchors = torch.tensor([out[i][-1] for i in live], dtype=torch.int64, device=dev)
         for i, toks in zip(live, engine_step(target, drafter, tcache, dstate, live, anchors, gamma, sampling(live),
-                                             budget, impl)):
+                                             budget, pending, impl)):
             out[i].extend(toks)
 
 
