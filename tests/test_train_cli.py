@@ -117,13 +117,11 @@ def test_run_time_checks_of_the_trainers(setup):
                         str(setup / "bs_run"), "--batch-size", "7"])
     more = setup / "more_rollouts"  # a second directory's rollouts join the pool: the same batch fits
     save_rollouts(Rollouts([[1, 9]] * 2, [[10, 11, 12]] * 2, [0.0] * 2, [0] * 2), more, "train")
+    pooled = ["--target", str(setup / "target"), "--rollouts", str(setup / "rollouts"), str(more), "--steps", "1",
+              "--name", "dspark", "--out", str(setup / "bs_out"), "--work-dir", str(setup / "bs_run")]
     with pytest.raises(SystemExit, match=f"--batch-size 9 exceeds the 8 training rollouts under .*rollouts, {more}"):
-        block_cli.main([*common[:2], "--rollouts", str(setup / "rollouts"), str(more), *common[4:], "--name",
-                        "dspark", "--out", str(setup / "bs_out"), "--work-dir", str(setup / "bs_run"), "--batch-size",
-                        "9"])
-    block_cli.main([*common[:2], "--rollouts", str(setup / "rollouts"), str(more), *common[4:], "--name", "dspark",
-                    "--out", str(setup / "bs_out"), "--work-dir", str(setup / "bs_run"), "--batch-size", "7",
-                    "--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2"])
+        block_cli.main([*pooled, "--batch-size", "9"])
+    block_cli.main([*pooled, "--batch-size", "7", "--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2"])
     assert json.loads((setup / "bs_out" / "train_summary.json").read_text())["args"]["rollouts"] == [
         str(setup / "rollouts"), str(more)]
     with pytest.raises(SystemExit, match="--ce-weight and --tv-weight are both 0"):
