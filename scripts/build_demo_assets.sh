@@ -48,12 +48,14 @@ train_block dspark_rnn --head rnn --rank 64
 train_chain eagle
 train_chain mtp1
 finetune=(--steps "$STEPS_FINETUNE" --lr 3e-4 --seed 1 --rollouts data/rollouts data/rollouts_greedy)
-for spec in "dspark --head vanilla --rank 64" "dflash --loss dflash --rank 0" "dspark_rnn --head rnn --rank 64"; do
-    set -- $spec
-    name=$1; shift
+finetune_block() {  # name, architecture args (as for train_block)
+    local name=$1; shift
     python -m dspark_kernels.train.drafter --name "$name" "$@" --gammas 1 2 3 7 15 "${finetune[@]}" \
         --init $A/drafters/"$name" --work-dir data/drafter_runs/"$name"_greedy --out $A/drafters/"$name"
-done
+}
+finetune_block dspark --head vanilla --rank 64
+finetune_block dflash --loss dflash --rank 0
+finetune_block dspark_rnn --head rnn --rank 64
 for name in mtp1 eagle; do
     python -m dspark_kernels.train.chain_drafter --name "$name" "${finetune[@]}" --init $A/drafters/"$name" \
         --work-dir data/drafter_runs/"$name"_greedy --out $A/drafters/"$name"
