@@ -741,3 +741,24 @@ def test_paired_ratios_divide_within_each_round_robin_cycle():
     assert r["4"]["dspark"] == pytest.approx({"vs_none": 0.66, "vs_best_fixed": 1.1})
     assert r["4"]["fixed7"]["vs_best_fixed"] == pytest.approx(100 / 120)
     assert r["8"]["dspark"] == pytest.approx({"vs_best_fixed": 1.75})  # 0.5 and 3.0; no none at c = 8
+
+
+def test_serving_reprofile_measures_anew_over_a_stored_profile(tmp_path):
+    """A stored CPU profile is reused while it is large enough; ``--reprofile`` measures and saves a new one."""
+    import argparse
+
+    from dspark_kernels.bench.serving import _live_profile
+    from dspark_kernels.engine.sps import SPSProfile, load_profile
+
+    def measure(rate):
+        return lambda n, model: SPSProfile("cpu-test", model, tuple(range(1, n + 1)), ((rate,) * n,), source="measured")
+
+    args = argparse.Namespace(sps_dir=tmp_path, reprofile=False)
+    first, where = _live_profile(args, "cpu-test", "m", 4, measure(10.0))
+    assert where.startswith("measured, saved to") and first.steps_per_s[0][0] == 10.0
+    again, where = _live_profile(args, "cpu-test", "m", 4, measure(20.0))
+    assert where.startswith("loaded (measured ") and again.steps_per_s[0][0] == 10.0
+    args.reprofile = True
+    fresh, where = _live_profile(args, "cpu-test", "m", 4, measure(20.0))
+    assert where.startswith("measured") and fresh.steps_per_s[0][0] == 20.0
+    assert load_profile("cpu-test", "m", tmp_path).steps_per_s[0][0] == 20.0

@@ -12,11 +12,11 @@ Two modes, same outputs:
   machine (``--gemm-dtype bfloat16``: weight-only bf16 GEMMs). Two profiles give the policies their cost model: the
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
   drafter's rounds/s by request count at gamma slots and at one (``<target>+<drafter>-rounds[+bfloat16]`` and
-  ``<target>+<drafter>-rounds-w1[+bfloat16]``, :func:`~dspark_kernels.engine.sps.profile_drafter`).
-  They are loaded from ``autotune/sps/`` when present for this device and large enough, else measured here (with
-  ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean survival
-  (its ``calibration.json``) instead of drafting a first round to measure it, and the engines time their rounds
-  (``Engine(..., clock=time.perf_counter)``), so the gate compares measured rates once it has them.
+  ``<target>+<drafter>-rounds-w1[+bfloat16]``, :func:`~dspark_kernels.engine.sps.profile_drafter`). They are
+  loaded from ``autotune/sps/`` when present for this device and large enough, else (or with ``--reprofile``)
+  measured here (with ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean
+  survival (its ``calibration.json``) instead of drafting a first round to measure it, and the engines time their
+  rounds (``Engine(..., clock=time.perf_counter)``), so the gate compares measured rates once it has them.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
   with the target and drafter, then every policy is simulated (:mod:`dspark_kernels.engine.replay`) against an SPS
   profile JSON (``--profile``; default: ``analytic_roofline("H200", 8e9)``, labelled modelled) at concurrency up to
@@ -140,11 +140,11 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
 
 def _live_profile(args, device: str, model: str, size: int, measure) -> tuple[SPSProfile, str]:
     """The stored profile of ``model`` on ``device`` (a profile key, :func:`profile_device_name`) when it reaches
-    ``size``, else ``measure(size, model)`` (saved in its place)."""
+    ``size`` (and ``--reprofile`` is off), else ``measure(size, model)`` (saved in its place)."""
     try:
         profile = load_profile(device, model, args.sps_dir)
-        if profile.batch_sizes[-1] >= size:
-            return profile, "loaded"
+        if profile.batch_sizes[-1] >= size and not args.reprofile:
+            return profile, f"loaded (measured {profile.created})"
     except FileNotFoundError:
         pass
     profile = measure(size, model)
@@ -414,6 +414,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-prompts", type=positive_int, default=32, help="replay: prompts decoded to record traces")
     p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
     p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
+    p.add_argument("--reprofile", action="store_true",
+                   help="live: measure the profiles anew and overwrite the stored ones (a CPU profile describes the "
+                        "machine as it was when measured: one taken while other work shared the cores reads slow)")
     p.add_argument("--speeds", type=positive_float, nargs="+", default=None, help="per-user speeds for read-out (a)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
