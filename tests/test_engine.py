@@ -744,21 +744,40 @@ def test_paired_ratios_divide_within_each_round_robin_cycle():
 
 
 def test_serving_reprofile_measures_anew_over_a_stored_profile(tmp_path):
-    """A stored CPU profile is reused while it is large enough; ``--reprofile`` measures and saves a new one."""
+    """A stored CPU profile is reused while it is large enough and a spot check of its first sizes agrees with it
+    (within 15%); one that reads slower or faster than the spot check, or any with ``--reprofile``, is measured anew.
+    Draft profiles are not spot-checked themselves: they are measured anew when the target's profile went stale."""
     import argparse
 
-    from dspark_kernels.bench.serving import _live_profile
+    from dspark_kernels.bench.serving import SPOT_SIZES, _live_profile
     from dspark_kernels.engine.sps import SPSProfile, load_profile
 
+    calls = []
+
     def measure(rate):
-        return lambda n, model: SPSProfile("cpu-test", model, tuple(range(1, n + 1)), ((rate,) * n,), source="measured")
+        def run(n, model):
+            calls.append(n)
+            return SPSProfile("cpu-test", model, tuple(range(1, n + 1)), ((rate,) * n,), source="measured")
+        return run
 
     args = argparse.Namespace(sps_dir=tmp_path, reprofile=False)
-    first, where = _live_profile(args, "cpu-test", "m", 4, measure(10.0))
-    assert where.startswith("measured, saved to") and first.steps_per_s[0][0] == 10.0
-    again, where = _live_profile(args, "cpu-test", "m", 4, measure(20.0))
-    assert where.startswith("loaded (measured ") and again.steps_per_s[0][0] == 10.0
+    first, where, stale = _live_profile(args, "cpu-test", "m", 8, measure(10.0))
+    assert where.startswith("measured, saved to") and first.steps_per_s[0][0] == 10.0 and calls == [8] and not stale
+    again, where, stale = _live_profile(args, "cpu-test", "m", 8, measure(11.0))  # within the tolerance: kept
+    assert where.startswith("loaded (measured ") and "0.91x" in where and again.steps_per_s[0][0] == 10.0
+    assert calls == [8, SPOT_SIZES] and not stale
+    slow, where, stale = _live_profile(args, "cpu-test", "m", 8, measure(20.0))  # stored: half the machine's speed
+    assert where.startswith("measured anew") and "0.50x" in where and slow.steps_per_s[0][0] == 20.0 and stale
+    assert calls == [8, SPOT_SIZES, SPOT_SIZES, 8]
     args.reprofile = True
-    fresh, where = _live_profile(args, "cpu-test", "m", 4, measure(20.0))
-    assert where.startswith("measured") and fresh.steps_per_s[0][0] == 20.0
-    assert load_profile("cpu-test", "m", tmp_path).steps_per_s[0][0] == 20.0
+    fresh, where, stale = _live_profile(args, "cpu-test", "m", 8, measure(21.0))
+    assert where.startswith("measured, saved") and fresh.steps_per_s[0][0] == 21.0 and calls[-1] == 8 and not stale
+    assert load_profile("cpu-test", "m", tmp_path).steps_per_s[0][0] == 21.0
+
+    args.reprofile = False  # a draft profile: loaded without a spot check, measured anew when the target's was stale
+    _live_profile(args, "cpu-test", "d", 4, measure(5.0))
+    calls.clear()
+    kept, where, _ = _live_profile(args, "cpu-test", "d", 4, measure(50.0), spot_check=False)
+    assert kept.steps_per_s[0][0] == 5.0 and where.startswith("loaded") and calls == []
+    anew, where, _ = _live_profile(args, "cpu-test", "d", 4, measure(50.0), spot_check=False, stale=True)
+    assert anew.steps_per_s[0][0] == 50.0 and "failed its spot check" in where and calls == [4]

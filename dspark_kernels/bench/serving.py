@@ -13,8 +13,9 @@ Two modes, same outputs:
   target's verify steps/s by token count (model key ``<target>[+bfloat16]``, :func:`measure_target_profile`) and the
   drafter's rounds/s by request count at gamma slots and at one (``<target>+<drafter>-rounds[+bfloat16]`` and
   ``<target>+<drafter>-rounds-w1[+bfloat16]``, :func:`~dspark_kernels.engine.sps.profile_drafter`). They are
-  loaded from ``autotune/sps/`` when present for this device and large enough, else (or with ``--reprofile``)
-  measured here (with ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean
+  loaded from ``autotune/sps/`` when present for this device and large enough and a spot check of the target's
+  smallest sizes agrees with its stored profile (within 15%), else (or with ``--reprofile``) measured here (with
+  ``--prompt-len`` contexts) and saved. The gated policies start from the drafter's held-out mean
   survival (its ``calibration.json``) instead of drafting a first round to measure it, and the engines time their
   rounds (``Engine(..., clock=time.perf_counter)``), so the gate compares measured rates once it has them.
 * ``replay``: traces (confidence logits and accepted counts per round, full-gamma verification) are recorded once
@@ -76,6 +77,8 @@ LIVE_CONCURRENCY = (1, 2, 4, 8)
 REPLAY_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 PROFILE_WARMUP = 3  # untimed calls per size
 PROFILE_REPEATS = 20  # timed calls per size: on a CPU, steps of neighbouring sizes differ less than 5 calls' noise
+SPOT_SIZES = 4  # the sizes the target profile's spot check measures again (1..SPOT_SIZES)
+SPOT_TOLERANCE = 0.15  # a stored profile whose rates differ from its spot check's by more is measured anew
 
 
 def measure_target_profile(target, max_tokens: int, context: int, model: str) -> SPSProfile:
@@ -138,17 +141,41 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     return drafter, args.gamma
 
 
-def _live_profile(args, device: str, model: str, size: int, measure) -> tuple[SPSProfile, str]:
-    """The stored profile of ``model`` on ``device`` (a profile key, :func:`profile_device_name`) when it reaches
-    ``size`` (and ``--reprofile`` is off), else ``measure(size, model)`` (saved in its place)."""
+def _spot_ratio(stored: SPSProfile, spot: SPSProfile) -> float:
+    """The median over ``spot``'s sizes of the stored rate over the spot check's (first context bucket): 1 when the
+    stored profile still describes the machine, below 1 when it was measured slower than the machine runs now."""
+    rates = dict(zip(stored.batch_sizes, stored.steps_per_s[0]))
+    return statistics.median(rates[b] / r for b, r in zip(spot.batch_sizes, spot.steps_per_s[0]) if b in rates)
+
+
+def _live_profile(args, device: str, model: str, size: int, measure, spot_check: bool = True,
+                  stale: bool = False) -> tuple[SPSProfile, str, bool]:
+    """``(profile, where it came from, stale)``: the stored profile of ``model`` on ``device`` (a profile key,
+    :func:`profile_device_name`) when it reaches ``size``, neither ``--reprofile`` nor ``stale`` (another profile of
+    this machine failed its spot check) asks for a new one, and, with ``spot_check``, a spot check agrees with it; else
+    ``measure(size, model)`` (saved in its place). ``stale`` is returned True when the spot check disagreed.
+
+    The spot check measures the first ``SPOT_SIZES`` sizes again (``measure(SPOT_SIZES, model)``, a second or so) and
+    compares the median rate ratio with ``SPOT_TOLERANCE``: a stored CPU profile taken while other work shared the
+    cores reads every step slow, and its rates would send the cost model's choices astray without a word. Only the
+    target's profile is spot-checked: a draft round's time in a fresh process also depends on how many of the
+    sequential head's bias rows are kept yet (``reference.sequential_head``), so a spot check of it reads slow until
+    the process has drafted a while; the machine's state shows in the target's steps alike."""
+    why = "measured anew (the target's stored profile failed its spot check)" if stale else "measured"
     try:
         profile = load_profile(device, model, args.sps_dir)
-        if profile.batch_sizes[-1] >= size and not args.reprofile:
-            return profile, f"loaded (measured {profile.created})"
+        if profile.batch_sizes[-1] >= size and not (args.reprofile or stale):
+            if not spot_check:
+                return profile, f"loaded (measured {profile.created})", False
+            ratio = _spot_ratio(profile, measure(min(SPOT_SIZES, size), model))
+            if abs(ratio - 1) <= SPOT_TOLERANCE:
+                return profile, f"loaded (measured {profile.created}; a spot check reads {ratio:.2f}x its rates)", False
+            why, stale = f"measured anew (the stored one, of {profile.created}, reads {ratio:.2f}x a spot check's " \
+                "rates)", True
     except FileNotFoundError:
         pass
     profile = measure(size, model)
-    return profile, f"measured, saved to {profile.save(args.sps_dir)}"
+    return profile, f"{why}, saved to {profile.save(args.sps_dir)}", stale
 
 
 def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
@@ -156,15 +183,16 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
         ("+batch-invariant" if args.batch_invariant else "")
     max_c, target_name, device = max(args.concurrency), Path(args.model).name, profile_device_name(target.device)
-    profile, where = _live_profile(args, device, f"{target_name}{suffix}", max_c * (args.gamma + 1),
-                                   lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
+    profile, where, stale = _live_profile(args, device, f"{target_name}{suffix}", max_c * (args.gamma + 1),
+                                          lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
     for width, tag in draft_round_widths(args.gamma):
-        draft_profiles[width], draft_where = _live_profile(
+        draft_profiles[width], draft_where, _ = _live_profile(
             args, device, f"{target_name}+{Path(args.drafter).name}{tag}{suffix}", max_c,
             lambda n, model, width=width: profile_drafter(target, drafter, n, device=device, model=model,
                                                           context=args.prompt_len, gamma=width, warmup=PROFILE_WARMUP,
-                                                          repeats=PROFILE_REPEATS))
+                                                          repeats=PROFILE_REPEATS),
+            spot_check=False, stale=stale)
         where += f"; draft-round profile at {width} slot(s) {draft_where}"
     runners = {name: baseline_drafter(name, args, target, drafter) for name in args.policies if name != "oracle"}
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
