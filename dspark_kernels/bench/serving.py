@@ -153,7 +153,9 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
     """``(profile, where it came from, stale)``: the stored profile of ``model`` on ``device`` (a profile key,
     :func:`profile_device_name`) when it reaches ``size``, neither ``--reprofile`` nor ``stale`` (another profile of
     this machine failed its spot check) asks for a new one, and, with ``spot_check``, a spot check agrees with it; else
-    ``measure(size, model)`` (saved in its place). ``stale`` is returned True when the spot check disagreed.
+    ``measure(n, model)`` (saved in its place), with ``n`` the larger of ``size`` and the stored profile's last size,
+    so that a small run does not shrink what a larger one measured. ``stale`` is returned True when the spot check
+    disagreed.
 
     The spot check measures the first ``SPOT_SIZES`` sizes again (``measure(SPOT_SIZES, model)``, a second or so) and
     compares the median rate ratio with ``SPOT_TOLERANCE``: a stored CPU profile taken while other work shared the
@@ -162,8 +164,10 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
     sequential head's bias rows are kept yet (``reference.sequential_head``), so a spot check of it reads slow until
     the process has drafted a while; the machine's state shows in the target's steps alike."""
     why = "measured anew (the target's stored profile failed its spot check)" if stale else "measured"
+    n = size
     try:
         profile = load_profile(device, model, args.sps_dir)
+        n = max(size, profile.batch_sizes[-1])
         if profile.batch_sizes[-1] >= size and not (args.reprofile or stale):
             if not spot_check:
                 return profile, f"loaded (measured {profile.created})", False
@@ -174,7 +178,7 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
                 "rates)", True
     except FileNotFoundError:
         pass
-    profile = measure(size, model)
+    profile = measure(n, model)
     return profile, f"{why}, saved to {profile.save(args.sps_dir)}", stale
 
 
