@@ -774,7 +774,13 @@ def test_serving_reprofile_measures_anew_over_a_stored_profile(tmp_path):
     assert where.startswith("measured, saved") and fresh.steps_per_s[0][0] == 21.0 and calls[-1] == 8 and not stale
     assert load_profile("cpu-test", "m", tmp_path).steps_per_s[0] == (21.0,) * 8
 
-    args.reprofile = False  # a draft profile: loaded without a spot check, measured anew when the target's was stale
+    sparse = SPSProfile("cpu-test", "s", (8, 16), ((3.0, 2.0),), source="measured")  # shares no size with a spot check
+    sparse.save(tmp_path)
+    args.reprofile = False
+    _, where, stale = _live_profile(args, "cpu-test", "s", 16, measure(3.0))
+    assert stale and "shares no size with a spot check" in where
+
+    # a draft profile: loaded without a spot check, measured anew when the target's was stale
     _live_profile(args, "cpu-test", "d", 4, measure(5.0))
     calls.clear()
     kept, where, _ = _live_profile(args, "cpu-test", "d", 4, measure(50.0), spot_check=False)

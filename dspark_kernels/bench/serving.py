@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import random
 import statistics
 import time
@@ -143,9 +144,11 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
 
 def _spot_ratio(stored: SPSProfile, spot: SPSProfile) -> float:
     """The median over ``spot``'s sizes of the stored rate over the spot check's (first context bucket): 1 when the
-    stored profile still describes the machine, below 1 when it was measured slower than the machine runs now."""
+    stored profile still describes the machine, below 1 when it was measured slower than the machine runs now; NaN
+    when the two share no size (a sparse stored profile), which no tolerance accepts."""
     rates = dict(zip(stored.batch_sizes, stored.steps_per_s[0]))
-    return statistics.median(rates[b] / r for b, r in zip(spot.batch_sizes, spot.steps_per_s[0]) if b in rates)
+    ratios = [rates[b] / r for b, r in zip(spot.batch_sizes, spot.steps_per_s[0]) if b in rates]
+    return statistics.median(ratios) if ratios else math.nan
 
 
 def _live_profile(args, device: str, model: str, size: int, measure, spot_check: bool = True,
@@ -174,8 +177,8 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
             ratio = _spot_ratio(profile, measure(min(SPOT_SIZES, size), model))
             if abs(ratio - 1) <= SPOT_TOLERANCE:
                 return profile, f"loaded (measured {profile.created}; a spot check reads {ratio:.2f}x its rates)", False
-            why, stale = f"measured anew (the stored one, of {profile.created}, reads {ratio:.2f}x a spot check's " \
-                "rates)", True
+            verdict = f"reads {ratio:.2f}x a spot check's rates" if ratio == ratio else "shares no size with a spot check"
+            why, stale = f"measured anew (the stored one, of {profile.created}, {verdict})", True
     except FileNotFoundError:
         pass
     profile = measure(n, model)
