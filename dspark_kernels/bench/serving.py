@@ -177,7 +177,8 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
             ratio = _spot_ratio(profile, measure(min(SPOT_SIZES, size), model))
             if abs(ratio - 1) <= SPOT_TOLERANCE:
                 return profile, f"loaded (measured {profile.created}; a spot check reads {ratio:.2f}x its rates)", False
-            verdict = f"reads {ratio:.2f}x a spot check's rates" if ratio == ratio else "shares no size with a spot check"
+            verdict = "shares no size with a spot check" if math.isnan(ratio) else \
+                f"reads {ratio:.2f}x a spot check's rates"
             why, stale = f"measured anew (the stored one, of {profile.created}, {verdict})", True
     except FileNotFoundError:
         pass
