@@ -330,3 +330,45 @@ def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temper
     torch.testing.assert_close(feats, torch.cat([fwd.hidden_states[i] for i in drafter.feature_layers], -1),
                                rtol=0, atol=0)
     assert [caches[0].length(r) for r in rids] == [len(p) + 1 for p in prompts]
+
+
+def _kept(rows_per_request: list[int], start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A round's ``kept`` with consecutive token ids from ``start`` and features ``[T, 2]`` = (id, -id)."""
+    ids = torch.arange(start, start + sum(rows_per_request))
+    cu = torch.tensor([0, *rows_per_request]).cumsum(0).to(torch.int32)
+    return ids, torch.stack([ids.float(), -ids.float()], dim=1), cu
+
+
+def test_pending_context_hands_each_request_its_rows_in_commit_order():
+    """Ragged rounds for changing request sets: a take of any subset, in any order, returns each request's rows of
+    every round it has not handed over yet, in commit order, with offsets aligned with the take's ids (an empty
+    chunk for a request with none); taking exactly one whole round in its order returns that round's own tensors;
+    dropped requests hand nothing over; ``longest`` counts pending rows on the host."""
+    from dspark_kernels.engine._common import PendingContext
+
+    pending, expect = PendingContext(), {}
+    rounds = [([0, 1, 2], [3, 1, 2]), ([0, 2], [2, 1]), ([2, 1, 0], [1, 0, 4])]
+    start = 100
+    for rids, rows in rounds:
+        kept = _kept(rows, start)
+        pending.add(rids, kept)
+        for rid, lo, hi in zip(rids, kept[2][:-1].tolist(), kept[2][1:].tolist()):
+            expect.setdefault(rid, []).extend(kept[0][lo:hi].tolist())
+        start += 50
+    assert pending.longest([0, 1, 2]) == max(len(v) for v in expect.values()) and pending.longest([7]) == 0
+    pending.drop(1)
+    ids, feats, cu = pending.take([2, 5, 0], torch.device("cpu"))
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, len(expect[2]), len(expect[2]), len(expect[2] + expect[0])]
+    assert ids.tolist() == expect[2] + expect[0]
+    assert torch.equal(feats, torch.stack([ids.float(), -ids.float()], dim=1))
+    assert pending.take([0, 1, 2], torch.device("cpu")) is None
+
+    whole = _kept([2, 1], 500)
+    pending.add([3, 4], whole)
+    assert pending.take([3, 4], torch.device("cpu")) is whole  # one whole round in its order: no copy
+    pending.add([3, 4], whole)
+    ids, _, cu = pending.take([4, 3], torch.device("cpu"))  # another order: sliced and concatenated
+    assert ids.tolist() == [502, 500, 501] and cu.tolist() == [0, 1, 3]
+    pending.add([3, 4], _kept([2, 0], 600))  # request 4 kept no row: its offsets would not align with [3, 4]
+    ids, _, cu = pending.take([3, 4], torch.device("cpu"))
+    assert ids.tolist() == [600, 601] and cu.tolist() == [0, 2, 2]

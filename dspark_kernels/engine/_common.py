@@ -73,18 +73,21 @@ class PendingContext:
     them (:meth:`take`) as the ``context`` of :meth:`Drafter.draft`, which puts them into the drafter's context in the
     same pass as the draft. Chunks of a request stay in commit order; a request that is not drafted keeps
     accumulating them, so a round without drafting costs the drafter nothing.
+
+    A round's tensors are kept whole, with each request's row range noted on the host: :meth:`add` does no tensor
+    work (a closed draft gate then pays nothing per step here), and :meth:`take` slices only what it hands over,
+    nothing at all when it takes exactly one whole round in that round's order (a batch that drafts every round).
     """
 
     def __init__(self) -> None:
-        self._chunks: dict = {}
+        self._chunks: dict = {}  # rid -> [(round's kept, its rids, first row, end row)] in commit order
 
     def add(self, rids: Sequence, kept: DraftContext) -> None:
         """Append ``kept = (token_ids [T], features [T, m * hidden], cu [R + 1])``, aligned with ``rids``."""
-        ids, feats, cu = kept
-        bounds = cu.tolist()
-        for j, rid in enumerate(rids):
+        bounds, order = kept[2].tolist(), tuple(rids)
+        for j, rid in enumerate(order):
             if bounds[j + 1] > bounds[j]:
-                self._chunks.setdefault(rid, []).append((ids[bounds[j]:bounds[j + 1]], feats[bounds[j]:bounds[j + 1]]))
+                self._chunks.setdefault(rid, []).append((kept, order, bounds[j], bounds[j + 1]))
 
     def take(self, rids: Sequence, device: torch.device) -> DraftContext | None:
         """Remove and return the pending tokens of ``rids`` as one context aligned with ``rids`` (a request with none
@@ -92,14 +95,27 @@ class PendingContext:
         chunks = [self._chunks.pop(rid, []) for rid in rids]
         if not any(chunks):
             return None
-        lens = [sum(t.numel() for t, _ in chunk) for chunk in chunks]
+        whole = self._whole_round(chunks, tuple(rids))
+        if whole is not None:
+            return whole
+        lens = [sum(end - first for _, _, first, end in chunk) for chunk in chunks]
         cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0).to(device, torch.int32)
-        return (torch.cat([t for chunk in chunks for t, _ in chunk]),
-                torch.cat([f for chunk in chunks for _, f in chunk]), cu)
+        pieces = [(kept[0][first:end], kept[1][first:end]) for chunk in chunks for kept, _, first, end in chunk]
+        return torch.cat([t for t, _ in pieces]), torch.cat([f for _, f in pieces]), cu
+
+    @staticmethod
+    def _whole_round(chunks: list, rids: tuple) -> DraftContext | None:
+        """The round's own ``kept`` when ``chunks`` (aligned with ``rids``) are one chunk per request, all of one round
+        added for exactly ``rids`` in this order, and every request had rows in it (its offsets then align with
+        ``rids``); else ``None``."""
+        if any(len(chunk) != 1 for chunk in chunks):
+            return None
+        kept, order = chunks[0][0][0], chunks[0][0][1]
+        return kept if order == rids and all(chunk[0][0] is kept for chunk in chunks) else None
 
     def longest(self, rids: Sequence) -> int:
         """The most pending tokens any of ``rids`` holds (host metadata only: no device read)."""
-        return max((sum(t.numel() for t, _ in self._chunks.get(rid, ())) for rid in rids), default=0)
+        return max((sum(end - first for _, _, first, end in self._chunks.get(rid, ())) for rid in rids), default=0)
 
     def drop(self, rid) -> None:
         """Forget a finished request's pending tokens."""
