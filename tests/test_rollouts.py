@@ -42,6 +42,22 @@ def test_rollouts_round_trip_and_temperature_mix(tiny_target, tmp_path):
     assert again.responses == ro.responses  # seeded
 
 
+def test_rollout_store_holds_any_vocabulary_size(tmp_path):
+    """Ids of a 49,152-token vocabulary (and beyond 2**16) round-trip; a store of small ids stays int16."""
+    from safetensors.torch import load_file
+
+    big = Rollouts([[1, 49151], [70000]], [[32767, 32768], [2**31 - 1]], [1.0, 0.0], [0, 1])
+    small = Rollouts([[1, 5]], [[32767]], [1.0], [0])
+    save_rollouts(big, tmp_path / "big", "train")
+    save_rollouts(small, tmp_path / "small", "train")
+    back = load_rollouts(tmp_path / "big", "train")
+    assert back.prompts == big.prompts and back.responses == big.responses
+    assert load_file(str(tmp_path / "big" / "train-000.safetensors"))["tokens"].dtype == torch.int32
+    assert load_file(str(tmp_path / "small" / "train-000.safetensors"))["tokens"].dtype == torch.int16
+    with pytest.raises(ValueError, match="token ids must lie in"):
+        save_rollouts(Rollouts([[1]], [[-1]], [1.0], [0]), tmp_path / "bad", "train")
+
+
 def test_missing_rollouts_is_clear(tmp_path):
     with pytest.raises(FileNotFoundError, match="no heldout rollouts"):
         load_rollouts(tmp_path, "heldout")

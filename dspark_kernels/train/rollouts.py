@@ -8,7 +8,8 @@ and serve calibration (STS) and evaluation only.
 Storage (compact, safetensors shards)::
 
     out_dir/<split>-<k>.safetensors
-        tokens        int16 [total]      prompt + response tokens of every rollout, concatenated (vocab < 32768)
+        tokens        int16 or int32 [total]  prompt + response tokens of every rollout, concatenated (int16 when
+                                             every id is below 32768, else int32: any vocabulary size)
         offsets       int64 [n + 1]      rollout i spans tokens[offsets[i]:offsets[i+1]]
         prompt_lens   int32 [n]          the first prompt_lens[i] tokens are the prompt
         temperature   float32 [n]
@@ -86,6 +87,14 @@ def generate_rollouts(model, prompts, max_new_tokens: int, temperatures, batch_s
     return ro
 
 
+def token_tensor(ids: list[int]) -> torch.Tensor:
+    """``ids`` as a 1-D tensor of the narrowest store dtype that holds them: int16 below 32768, else int32."""
+    out = torch.tensor(ids, dtype=torch.int64)
+    if out.numel() and (int(out.min()) < 0 or int(out.max()) >= 2**31):
+        raise ValueError(f"token ids must lie in [0, 2**31), got ids in [{int(out.min())}, {int(out.max())}]")
+    return out.to(torch.int16 if not out.numel() or int(out.max()) < 2**15 else torch.int32)
+
+
 def save_rollouts(ro: Rollouts, out_dir: Path, split: str, shard_size: int = 4096) -> list[Path]:
     from safetensors.torch import save_file
 
@@ -96,7 +105,7 @@ def save_rollouts(ro: Rollouts, out_dir: Path, split: str, shard_size: int = 409
         seqs = [ro.prompts[i] + ro.responses[i] for i in idx]
         lens = torch.tensor([len(x) for x in seqs], dtype=torch.int64)
         tensors = {
-            "tokens": torch.tensor([t for x in seqs for t in x], dtype=torch.int16),
+            "tokens": token_tensor([t for x in seqs for t in x]),
             "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]),
             "prompt_lens": torch.tensor([len(ro.prompts[i]) for i in idx], dtype=torch.int32),
             "temperature": torch.tensor([ro.temperature[i] for i in idx], dtype=torch.float32),
