@@ -6,9 +6,10 @@ import argparse
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["fraction_below_one", "missing_inputs_are_usage_errors", "non_negative_float", "non_negative_int",
-           "positive_float", "positive_int"]
+__all__ = ["fraction_below_one", "missing_inputs_are_usage_errors", "model_source", "non_negative_float",
+           "non_negative_int", "positive_float", "positive_int"]
 
 
 def positive_int(text: str) -> int:
@@ -49,6 +50,27 @@ def fraction_below_one(text: str) -> float:
     if not 0 <= value < 1:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
+
+
+def model_source(text: str) -> str:
+    """``--model``: a registry name (``python -m dspark_kernels.assets list``), a Hugging Face model directory or a
+    GGUF file. Checked without loading or fetching anything; a named model that is not cached is fetched when loaded."""
+    from .models.registry import REGISTRY
+
+    if text in REGISTRY:
+        return text
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise argparse.ArgumentTypeError(f"model directory {text!r} has no config.json")
+        return text
+    if path.is_file():
+        with path.open("rb") as f:
+            if f.read(4) != b"GGUF":
+                raise argparse.ArgumentTypeError(f"{text!r} is neither a model directory nor a GGUF file")
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not a registry name ({', '.join(sorted(REGISTRY))}), a model "
+                                     f"directory or a GGUF file")
 
 
 @contextmanager

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
+from .cli_args import model_source
 from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
 from .models.drafter_api import load_drafter
 from .models.gemm_dtype import GEMM_DTYPES
-from .train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
+from .models.target_tokenizer import load_target_tokenizer
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 PROMPTS = {
@@ -41,14 +42,14 @@ PROMPTS = {
 }
 
 
-def _run_ar(target, prompt, args):
+def _run_ar(target, prompt, args, eos):
     return generate(target, [prompt], args.max_new_tokens, temperature=args.temperature, seeds=[args.seed],
-                    eos_token_id=EOS_ID, impl=args.impl)
+                    eos_token_id=eos, impl=args.impl)
 
 
-def _run_spec(target, drafter, prompt, args, schedule=None, on_tokens=None):
+def _run_spec(target, drafter, prompt, args, eos, schedule=None, on_tokens=None):
     return speculative_generate(target, drafter, [prompt], args.max_new_tokens, args.gamma,
-                                temperature=args.temperature, seeds=[args.seed], eos_token_id=EOS_ID,
+                                temperature=args.temperature, seeds=[args.seed], eos_token_id=eos,
                                 impl=args.impl, on_tokens=on_tokens, draft_length=schedule)
 
 
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="adaptive: each round's length from the measured round costs and the acceptance so far")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
-    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target "
+                        "the shipped drafters were trained for)")
     p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
     p.add_argument("--baseline-drafter", type=Path, default=ASSETS / "drafters" / "dflash",
                    help="DFlash comparison (skipped if the directory does not exist)")
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     t_load = time.perf_counter()
     try:
         target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = load_target_tokenizer(args.model)
         methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.drafter_gemm_dtype)}
         if args.baseline_drafter.exists():
             methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.drafter_gemm_dtype)
@@ -129,11 +132,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "
           f"weights ({args.drafter_gemm_dtype} in the drafters)"
           f"{', batch-invariant attention' if args.batch_invariant else ''}")
-    warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
-    _run_ar(target, warm, args)
+    eos = list(tokenizer.eos_token_ids)
+    warm = tokenizer.encode("def f(x):")
+    _run_ar(target, warm, args, eos)
     schedules = {name: None for name in methods}
     for name, drafter in methods.items():
-        _run_spec(target, drafter, warm, args)
+        _run_spec(target, drafter, warm, args, eos)
         if args.draft_length == "adaptive":
             costs = measure_round_costs(target, drafter, warm, args.gamma)
             schedules[name] = AdaptiveDraftLength(costs)
@@ -146,22 +150,26 @@ def main(argv: list[str] | None = None) -> dict:
     totals = {d: _zero_totals(methods) for d in ("all", *prompts)}
     by_prompt: list[dict] = []  # the same rows for each prompt alone (k = 1.. in the order decoded)
     for k, (domain, text) in enumerate(items, 1):
-        ids = [BOS_ID] + tokenizer.encode(text).ids
+        ids = tokenizer.encode(text)
         print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
         sys.stdout.write(text)
-        ar = _run_ar(target, ids, args)
+        ar = _run_ar(target, ids, args, eos)
         results = {}
         for name, drafter in methods.items():
-            stream = (lambda i, toks: (sys.stdout.write(tokenizer.decode(toks)), sys.stdout.flush())) \
+            pieces = tokenizer.stream()
+            stream = (lambda i, toks: (sys.stdout.write(pieces.push(toks)), sys.stdout.flush())) \
                 if name == "dspark" else None
-            results[name] = _run_spec(target, drafter, ids, args, schedules[name], on_tokens=stream)
+            results[name] = _run_spec(target, drafter, ids, args, eos, schedules[name], on_tokens=stream)
+            if name == "dspark":
+                sys.stdout.write(pieces.flush())
             identical[name] &= results[name].tokens == ar.tokens
         # the same decodes again, interleaved; each method is timed by its fastest run (same seed, same tokens)
         seconds = {"ar": ar.elapsed_s, **{name: res.elapsed_s for name, res in results.items()}}
         for _ in range(args.repeats - 1):
-            seconds["ar"] = min(seconds["ar"], _run_ar(target, ids, args).elapsed_s)
+            seconds["ar"] = min(seconds["ar"], _run_ar(target, ids, args, eos).elapsed_s)
             for name, drafter in methods.items():
-                seconds[name] = min(seconds[name], _run_spec(target, drafter, ids, args, schedules[name]).elapsed_s)
+                again = _run_spec(target, drafter, ids, args, eos, schedules[name])
+                seconds[name] = min(seconds[name], again.elapsed_s)
         mine = _zero_totals(methods)
         for tot in (totals["all"], totals[domain], mine):
             tot["ar"]["tokens"] += ar.num_generated

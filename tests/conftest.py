@@ -35,3 +35,11 @@ def _no_impl_override(monkeypatch):
 @pytest.fixture
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The real target's GGUF, fetched into the cache on first use (CI fetches it before the tests)."""
+    from dspark_kernels.models.registry import resolve_model
+
+    return resolve_model("smollm2-135m-instruct")

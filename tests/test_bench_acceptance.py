@@ -47,12 +47,12 @@ def test_bad_options_are_usage_errors(argv, monkeypatch, capsys):
 
 def test_prompt_length_beyond_every_document_is_a_clear_error(tmp_path):
     from dspark_kernels.bench import ASSETS
-    from dspark_kernels.train.tokenizer import load_tokenizer
+    from dspark_kernels.models.target_tokenizer import load_target_tokenizer
 
     corpus = tmp_path / "corpus"
     (corpus / "code").mkdir(parents=True)
     split = acceptance.DOMAIN_SPLITS["code"]
     (corpus / "code" / f"{split}.jsonl").write_text(json.dumps({"text": "def f(x):\n    return x + 1\n"}) + "\n")
-    tokenizer = load_tokenizer(ASSETS / "target")
+    tokenizer = load_target_tokenizer(ASSETS / "target")
     with pytest.raises(ValueError, match="--prompt-len 100000: no code document"):
         acceptance.benchmark_prompts(tokenizer, corpus, "code", 2, 100000, 0)

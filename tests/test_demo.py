@@ -76,7 +76,7 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
-    (["--model", "/nonexistent"], "cannot load the models"),
+    (["--model", "/nonexistent"], "argument --model: '/nonexistent' is not a registry name"),
 ])
 def test_demo_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit):

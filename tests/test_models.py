@@ -281,7 +281,7 @@ def test_load_arguments_are_checked(checkpoints):
 
 
 def test_missing_dir_config_weights(checkpoints, tmp_path):
-    with pytest.raises(FileNotFoundError, match="checkpoint directory not found"):
+    with pytest.raises(FileNotFoundError, match="'.*nope' is not a registry name or an existing path; registry names"):
         load_model(tmp_path / "nope")
     path = _copy(checkpoints["qwen3"][1], tmp_path)
     (path / "model.safetensors").rename(tmp_path / "moved.safetensors")

@@ -5,6 +5,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from dspark_kernels.models import load_model
+from dspark_kernels.models.target_tokenizer import load_target_tokenizer
 from dspark_kernels.train.corpus import build_corpus
 from dspark_kernels.train.rollouts import (
     Rollouts,
@@ -14,7 +15,6 @@ from dspark_kernels.train.rollouts import (
     sample_prompts,
     save_rollouts,
 )
-from dspark_kernels.train.tokenizer import load_tokenizer
 from tests.test_corpus_tokenizer import ASSETS, _small_sources
 
 
@@ -82,7 +82,7 @@ def test_rollout_dirs_are_pooled_in_the_order_given(tmp_path):
 def test_prompts_come_from_the_requested_split(tmp_path):
     corpus = tmp_path / "corpus"
     build_corpus(corpus, _small_sources(tmp_path))
-    tok = load_tokenizer(ASSETS)
+    tok = load_target_tokenizer(ASSETS)
     prompts = sample_prompts(tok, corpus, "train", 6, max_prompt=32, seed=0)
     assert len(prompts) == 6 and {d for _, d in prompts} == {0, 1}
     assert all(p[0] == 1 and 17 <= len(p) <= 33 for p, _ in prompts)

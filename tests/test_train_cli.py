@@ -144,7 +144,7 @@ def test_missing_inputs_are_usage_errors(setup, tmp_path, capsys, monkeypatch):
         (block_cli.main, ["--target", str(setup / "target"), "--rollouts", missing, "--out", missing],
          "no train rollouts under"),
         (chain_cli.main, ["--target", missing, "--rollouts", str(setup / "rollouts"), "--out", missing],
-         "checkpoint directory not found"),
+         "is not a registry name"),
         (calibration.main, ["--model", str(setup / "target"), "--drafter", missing], "drafter checkpoint file missing"),
     ]
     for main, argv, message in runs:

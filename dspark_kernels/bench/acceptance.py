@@ -22,21 +22,23 @@ import random
 import time
 from pathlib import Path
 
-from ..cli_args import positive_int
+from ..cli_args import model_source, positive_int
 from ..engine.speculative import speculative_generate
 from ..models import load_model
 from ..models.drafter_api import load_drafter
+from ..models.target_tokenizer import TargetTokenizer, load_target_tokenizer
 from ..train.corpus import read_split
-from ..train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
 from . import ASSETS, DRAFTERS, device_record
 
 DOMAIN_SPLITS = {"code": "test", "prose": "test", "heldout": "test"}
 
 
-def benchmark_prompts(tokenizer, corpus_dir: Path, domain: str, n: int, prompt_len: int, seed: int) -> list[list[int]]:
-    """``n`` prompts of ``prompt_len`` tokens (``<|bos|>`` + a window) from the domain's test split, seeded."""
+def benchmark_prompts(tokenizer: TargetTokenizer, corpus_dir: Path, domain: str, n: int, prompt_len: int,
+                      seed: int) -> list[list[int]]:
+    """``n`` prompts of ``prompt_len`` tokens (the tokenizer's prefix, e.g. BOS, + a window) from the domain's test
+    split, seeded."""
     rng = random.Random(seed)
-    docs = [e.ids for e in tokenizer.encode_batch(read_split(corpus_dir, domain, DOMAIN_SPLITS[domain]))]
+    docs = tokenizer.encode_batch(read_split(corpus_dir, domain, DOMAIN_SPLITS[domain]))
     docs = [d for d in docs if len(d) > prompt_len + 8]
     if not docs:
         raise ValueError(f"--prompt-len {prompt_len}: no {domain} document of the corpus's test split is longer than "
@@ -45,13 +47,13 @@ def benchmark_prompts(tokenizer, corpus_dir: Path, domain: str, n: int, prompt_l
     for _ in range(n):
         ids = rng.choice(docs)
         start = rng.randrange(0, len(ids) - prompt_len)
-        prompts.append([BOS_ID] + ids[start : start + prompt_len - 1])
+        prompts.append((tokenizer.prefix + ids[start:])[:prompt_len])
     return prompts
 
 
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model)
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_target_tokenizer(args.model)
     results = []
     for name in args.drafters:
         drafter = load_drafter(Path(args.drafter_dir) / name, target)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> dict:
                     t0 = time.perf_counter()
                     res = speculative_generate(target, drafter, prompts, args.max_new_tokens, gamma,
                                                temperature=temperature, seeds=list(range(len(prompts))),
-                                               eos_token_id=EOS_ID)
+                                               eos_token_id=list(tokenizer.eos_token_ids))
                     results.append({
                         "domain": domain, "drafter": name, "temperature": temperature, "gamma": gamma,
                         "tau": res.tau, "acceptance_by_position": res.acceptance_by_position,
@@ -124,7 +126,8 @@ def plot(data: dict, path: Path) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
     p.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import positive_int
+from ..cli_args import model_source, positive_int
 from ..models import CausalLM, forward_sequences, generate, load_model
-from ..train.tokenizer import load_tokenizer
-from . import ASSETS, device_record
+from ..models.target_tokenizer import load_target_tokenizer
+from . import device_record
 from .acceptance import DOMAIN_SPLITS, benchmark_prompts
 
 
@@ -95,7 +95,7 @@ def ideal_prefix_acceptance(dists: torch.Tensor, tokens: torch.Tensor, drafts: t
 
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model)
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_target_tokenizer(args.model)
     results = []
     for domain in args.domains:
         t0 = time.perf_counter()
@@ -179,7 +179,8 @@ def entropy_table(data: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--domains", nargs="+", default=list(DOMAIN_SPLITS))
     p.add_argument("--num-prompts", type=positive_int, default=12)

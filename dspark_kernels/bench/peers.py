@@ -33,24 +33,26 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import non_negative_int, positive_int
+from ..cli_args import model_source, non_negative_int, positive_int
 from ..demo import PROMPTS
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
+from ..models.convert import converted_directory
 from ..models.drafter_api import load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
-from ..train.tokenizer import BOS_ID, EOS_ID, PAD_ID, load_tokenizer
+from ..models.target_tokenizer import load_target_tokenizer
 from . import ASSETS, device_record
 
 
-def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
-    """``{method: fn(prompt_ids) -> new token ids}`` for the transformers methods."""
+def _hf_runner(model: str | Path, assistant_dir: Path | None, lookup_tokens: int, eos: list[int]):
+    """``{method: fn(prompt_ids) -> new token ids}`` for the transformers methods (a GGUF target runs from its
+    dequantized Hugging Face directory, :func:`converted_directory`, so both runtimes hold the same fp32 weights)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    common = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "eos_token_id": EOS_ID,
-              "pad_token_id": PAD_ID}
+    model = AutoModelForCausalLM.from_pretrained(converted_directory(model), dtype=torch.float32).eval()
+    common = {"do_sample": False, "temperature": None, "top_p": None, "top_k": None, "eos_token_id": eos,
+              "pad_token_id": eos[0]}
     runs = {"hf_generate": {}}
     if assistant_dir is not None:
         assistant = AutoModelForCausalLM.from_pretrained(assistant_dir, dtype=torch.float32).eval()
@@ -69,11 +71,12 @@ def _hf_runner(model_dir: Path, assistant_dir: Path | None, lookup_tokens: int):
     return {name: make(extra) for name, extra in runs.items()}
 
 
-def _speculative_runner(target, drafter, args: argparse.Namespace, schedule: AdaptiveDraftLength | None):
+def _speculative_runner(target, drafter, args: argparse.Namespace, schedule: AdaptiveDraftLength | None,
+                        eos: list[int]):
     """``fn(prompt_ids, max_new) -> new token ids`` with our speculative loop, greedy (``schedule``: adaptive draft
     length; ``None``: ``args.gamma`` every round)."""
     def run(ids: list[int], max_new: int) -> list[int]:
-        return speculative_generate(target, drafter, [ids], max_new, args.gamma, eos_token_id=EOS_ID,
+        return speculative_generate(target, drafter, [ids], max_new, args.gamma, eos_token_id=eos,
                                     impl=args.impl, draft_length=schedule).tokens[0]
     return run
 
@@ -96,16 +99,17 @@ def time_methods(methods: dict, prompts: list[list[int]], max_new_tokens: int, r
 
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)
-    tokenizer = load_tokenizer(args.model)
-    prompts = [[BOS_ID] + tokenizer.encode(t).ids for d in args.domains for t in PROMPTS[d]]
-    warm = [BOS_ID] + tokenizer.encode("def f(x):").ids
+    tokenizer = load_target_tokenizer(args.model)
+    eos = list(tokenizer.eos_token_ids)
+    prompts = [tokenizer.encode(t) for d in args.domains for t in PROMPTS[d]]
+    warm = tokenizer.encode("def f(x):")
 
     methods = {}
     assistant = args.assistant if args.assistant.exists() else None
     if assistant is None:
         print(f"no assistant model at {args.assistant}: hf_assisted skipped")
-    methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens))
-    methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=EOS_ID, impl=args.impl).tokens[0]
+    methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens, eos))
+    methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=eos, impl=args.impl).tokens[0]
     costs = {}
     for name in args.drafters:
         drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.drafter_gemm_dtype)
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
         if args.draft_length == "adaptive":  # measure_round_costs warms the drafter up itself
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, warm, args.gamma))
             costs[name] = vars(schedule.costs)
-        methods[name] = _speculative_runner(target, drafter, args, schedule)
+        methods[name] = _speculative_runner(target, drafter, args, schedule, eos)
 
     for fn in methods.values():
         fn(warm, 8)
@@ -146,7 +150,8 @@ def markdown(result: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--assistant", type=Path, default=ASSETS / "assistant",
                    help="small HF model for transformers' assisted generation")
     p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")

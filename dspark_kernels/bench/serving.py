@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import fraction_below_one, non_negative_float, positive_float, positive_int
+from ..cli_args import fraction_below_one, model_source, non_negative_float, positive_float, positive_int
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -107,13 +107,12 @@ def request_caps(n: int, max_new_tokens: int, length_range: float, seed: int) ->
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
     """``n`` prompts of ``--prompt-len`` tokens: corpus test-split windows when the corpus and a tokenizer exist,
     else seeded random token ids (labelled "random")."""
-    tokenizer_file = Path(args.model) / "tokenizer.json"
-    if (Path(args.corpus) / "manifest.json").exists() and tokenizer_file.exists():
-        from ..train.tokenizer import load_tokenizer
+    if (Path(args.corpus) / "manifest.json").exists():
+        from ..models.target_tokenizer import load_target_tokenizer
         from .acceptance import benchmark_prompts
 
-        return benchmark_prompts(load_tokenizer(args.model), Path(args.corpus), args.domain, n, args.prompt_len,
-                                 seed), f"corpus:{args.domain}"
+        return benchmark_prompts(load_target_tokenizer(args.model), Path(args.corpus), args.domain, n,
+                                 args.prompt_len, seed), f"corpus:{args.domain}"
     rng = random.Random(seed)
     return [[1] + [rng.randrange(4, vocab) for _ in range(args.prompt_len - 1)] for _ in range(n)], "random"
 
@@ -194,7 +193,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     # bf16 GEMMs and the batch-invariant attention give other profiles than fp32 GEMMs and the fused attention
     suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
         ("+batch-invariant" if args.batch_invariant else "")
-    max_c, target_name, device = max(args.concurrency), Path(args.model).name, profile_device_name(target.device)
+    max_c, target_name, device = max(args.concurrency), Path(args.model).stem, profile_device_name(target.device)
     profile, where, stale = _live_profile(args, device, f"{target_name}{suffix}", max_c * (args.gamma + 1),
                                           lambda n, model: measure_target_profile(target, n, args.prompt_len, model))
     draft_profiles = {}  # draft slots -> the drafter's rounds/s by request count
@@ -404,8 +403,6 @@ def write_csv(points: list[dict], path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if not (Path(args.model) / "config.json").exists():
-        raise FileNotFoundError(f"no target model at {args.model} (config.json missing); pass --model")
     target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
     drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)
     cal = Calibration.of(Path(args.drafter), args.gamma)
@@ -430,7 +427,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("live", "replay"), default="replay")
-    p.add_argument("--model", type=Path, default=ASSETS / "target")
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
     p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
     p.add_argument("--mtp1-drafter", type=Path, default=ASSETS / "drafters" / "mtp1",

@@ -405,13 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import sys
 
-    from ..cli_args import missing_inputs_are_usage_errors
+    from ..cli_args import missing_inputs_are_usage_errors, model_source
     from ..models.drafter_api import check_gamma, load_drafter
     from ..models.transformer import load_model
 
-    default_target = Path(__file__).resolve().parent.parent / "assets" / "target"
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)
-    p.add_argument("--target", type=Path, default=default_target, help="checkpoint dir (default: the shipped target)")
+    p.add_argument("--target", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--model", default="dspark-target", help="model name in the profile and its file name")
     p.add_argument("--max-batch", type=int, default=256, help="profile B = 1..max-batch verify tokens")
     p.add_argument("--context", type=int, default=512, help="cached tokens per request")

@@ -27,11 +27,11 @@ from ..ops.verify_attention import PinnedLaunch
 from ..reference._paged_attention import AttentionPlan
 from ..reference._tensor_key import tensor_key
 from ..reference.batch_invariant_attention import BatchInvariantPlan
-from .checkpoint import load_state_dict
 from .config import ModelConfig
 from .fused_linear import FusedLinear, fuse_projections
 from .gemm_dtype import cast_gemm_weights
 from .kv_cache import PagedKVCache
+from .sources import load_weights
 
 __all__ = ["CausalLM", "ForwardOutput", "load_model", "RMSNorm"]
 
@@ -347,7 +347,10 @@ class CausalLM(nn.Module):
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                gemm_dtype: torch.dtype | str | None = None, batch_invariant: bool = False) -> CausalLM:
-    """Load a Qwen3 / Llama checkpoint directory (see :mod:`.checkpoint`) into a :class:`CausalLM` in eval mode.
+    """Load a Qwen3 / Llama model into a :class:`CausalLM` in eval mode.
+
+    ``path``: a Hugging Face checkpoint directory (see :mod:`.checkpoint`), a GGUF file (dequantized, see
+    :mod:`.gguf_weights`) or a registry name (:mod:`.registry`: ``smollm2-135m-instruct`` is fetched on first use).
 
     ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
@@ -363,7 +366,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}: {e}") from None
-    cfg, sd = load_state_dict(path, dtype=dtype)
+    cfg, sd = load_weights(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
         # a checkpoint may store both; the tied model has one tensor (HF uses the embedding)

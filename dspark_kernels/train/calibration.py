@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import missing_inputs_are_usage_errors, non_negative_float, positive_int
+from ..cli_args import missing_inputs_are_usage_errors, model_source, non_negative_float, positive_int
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -400,15 +400,16 @@ def _collect_traces(args: argparse.Namespace):
     from ..engine.speculative import speculative_generate
     from ..models import load_model
     from ..models.drafter_api import load_drafter
+    from ..models.target_tokenizer import stop_token_ids
     from .rollouts import load_rollouts
-    from .tokenizer import EOS_ID
 
     target = load_model(args.model, device=args.device)
     drafter = load_drafter(args.drafter, target)
     prompts = load_rollouts(args.rollouts, "heldout").prompts[: args.num_prompts]
     res = speculative_generate(target, drafter, prompts, args.max_new_tokens, args.gamma,
                                temperature=args.temperature, seeds=list(range(len(prompts))),
-                               eos_token_id=EOS_ID, record_traces=True)
+                               eos_token_id=list(stop_token_ids(args.model)),
+                               record_traces=True)
     if "confidence_logits" not in res.extra:
         has_head = getattr(getattr(drafter, "config", None), "confidence", False)
         raise SystemExit(f"{args.drafter}: no drafting round was recorded (every request ended at its first token)"
@@ -440,7 +441,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--drafter", type=Path, default=Path("dspark_kernels/assets/drafters/dspark"))
     p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
     p.add_argument("--gamma", type=positive_int, default=15)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import missing_inputs_are_usage_errors, non_negative_float, positive_int
+from ..cli_args import missing_inputs_are_usage_errors, model_source, non_negative_float, positive_int
 
 
 def lr_at(step: int, max_steps: int, lr: float) -> float:
@@ -109,7 +109,8 @@ def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
     """The options every drafter trainer shares (the ones :func:`run_training` and the data loaders read)."""
-    p.add_argument("--target", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--target", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
     p.add_argument("--rollouts", type=Path, nargs="+", default=[Path("data/rollouts")],
                    help="rollout directories; the train rollouts of all of them are pooled")
     p.add_argument("--work-dir", type=Path, default=None, help="default: data/drafter_runs/<name>")

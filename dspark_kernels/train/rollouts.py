@@ -31,10 +31,11 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import missing_inputs_are_usage_errors, positive_int
+from ..cli_args import missing_inputs_are_usage_errors, model_source, positive_int
 from ..models import generate, load_model
+from ..models.target_tokenizer import TargetTokenizer, load_target_tokenizer
 from .corpus import read_split
-from .tokenizer import BOS_ID, EOS_ID, TRAIN_DOMAINS, load_tokenizer
+from .tokenizer import EOS_ID, TRAIN_DOMAINS
 
 DOMAINS = TRAIN_DOMAINS
 SPLIT_SOURCES = {"train": "train", "heldout": "validation"}
@@ -53,30 +54,32 @@ class Rollouts:
         return len(self.prompts)
 
 
-def sample_prompts(tokenizer, corpus_dir: Path, split: str, n: int, max_prompt: int, seed: int):
-    """``n`` prompts split evenly over the domains: (token ids, domain index)."""
+def sample_prompts(tokenizer: TargetTokenizer, corpus_dir: Path, split: str, n: int, max_prompt: int, seed: int):
+    """``n`` prompts split evenly over the domains: (token ids, domain index); each is the tokenizer's prefix (BOS
+    where the model expects it) and a window of 16..``max_prompt`` tokens."""
     rng = random.Random(seed)
     out = []
     for d_idx, domain in enumerate(DOMAINS):
-        docs = [e.ids for e in tokenizer.encode_batch(read_split(corpus_dir, domain, SPLIT_SOURCES[split]))]
+        docs = tokenizer.encode_batch(read_split(corpus_dir, domain, SPLIT_SOURCES[split]))
         docs = [ids for ids in docs if len(ids) >= 24]
         for _ in range(n // len(DOMAINS) + (d_idx < n % len(DOMAINS))):
             ids = rng.choice(docs)
             length = rng.randint(16, min(max_prompt, len(ids) - 8))
             start = rng.randint(0, len(ids) - length)
-            out.append(([BOS_ID] + ids[start : start + length], d_idx))
+            out.append((tokenizer.prefix + ids[start : start + length], d_idx))
     return out
 
 
 def generate_rollouts(model, prompts, max_new_tokens: int, temperatures, batch_size: int, seed: int, impl=None,
-                      progress=None) -> Rollouts:
-    """Continue every prompt with the target, cycling through ``temperatures``; stops at EOS."""
+                      progress=None, eos_token_id: int | Sequence[int] = EOS_ID) -> Rollouts:
+    """Continue every prompt with the target, cycling through ``temperatures``; stops at ``eos_token_id`` (one id or
+    several; default: the shipped target's)."""
     ro = Rollouts([], [], [], [])
     for b in range(0, len(prompts), batch_size):
         chunk = prompts[b : b + batch_size]
         temps = [temperatures[(b + i) % len(temperatures)] for i in range(len(chunk))]
         res = generate(model, [p for p, _ in chunk], max_new_tokens, temperature=temps,
-                       seeds=[seed + b + i for i in range(len(chunk))], eos_token_id=EOS_ID, impl=impl)
+                       seeds=[seed + b + i for i in range(len(chunk))], eos_token_id=eos_token_id, impl=impl)
         for (p, d), t, resp in zip(chunk, temps, res.tokens):
             ro.prompts.append(p)
             ro.responses.append(resp)
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--model", type=model_source, default="dspark-target",
+                   help="target: a registry name, an HF model directory or a GGUF file")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--out", type=Path, default=Path("data/rollouts"))
     p.add_argument("--split", choices=sorted(SPLIT_SOURCES), default="train")
@@ -169,13 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_prompt < 16:
         p.error(f"--max-prompt must be >= 16 (prompt windows are 16..max-prompt tokens), got {args.max_prompt}")
     with missing_inputs_are_usage_errors(p):
-        tokenizer = load_tokenizer(args.model)
+        tokenizer = load_target_tokenizer(args.model)
         model = load_model(args.model)
         prompts = sample_prompts(tokenizer, args.corpus, args.split, args.num_prompts, args.max_prompt, args.seed)
     t0 = time.time()
     with tqdm(total=len(prompts), desc=f"rollouts/{args.split}") as bar:
         ro = generate_rollouts(model, prompts, args.max_new_tokens, args.temperatures, args.batch_size, args.seed,
-                               progress=bar)
+                               progress=bar, eos_token_id=list(tokenizer.eos_token_ids))
     paths = save_rollouts(ro, args.out, args.split)
     n_resp = sum(len(r) for r in ro.responses)
     manifest_path = args.out / "manifest.json"
