@@ -167,3 +167,33 @@ def test_plain_gemm_where_packing_does_not_apply():
     assert torch.equal(y, F.linear(x.bfloat16(), weight).float())
     assert torch.equal(z, F.linear(x.bfloat16(), frozen).float())
     assert torch.equal(fp32, F.linear(x, weight.float()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_single_row_gemms_give_a_row_the_bits_it_gets_among_others(dtype):
+    """``pad_single_row_gemms`` (the batch-invariant mode): a row alone and the same row among 2..9 others come out
+    with the same bits, through plain and fused layers; the layers keep their weights (a tied one stays shared)."""
+    from dspark_kernels.models.fused_linear import FusedLinear
+    from dspark_kernels.models.gemm_dtype import pad_single_row_gemms
+
+    torch.manual_seed(3)
+    emb = nn.Embedding(4096, 576)
+    model = nn.Sequential(nn.Linear(576, 1536), nn.Linear(1536, 576, bias=False), nn.Linear(576, 4096, bias=False))
+    model[2].weight = emb.weight
+    cast_gemm_weights(model, dtype)
+    fused = FusedLinear([model[0], nn.Linear(576, 64).to(model[0].weight.dtype)])
+    pad_single_row_gemms(model)
+    fused.min_rows = 2
+    assert all(isinstance(m, CastGemmLinear) and m.min_rows == 2 for m in model)
+    if dtype == torch.float32:
+        assert model[2].weight.data_ptr() == emb.weight.data_ptr()
+    x = torch.randn(9, 576) * 3
+    with torch.no_grad():
+        for rows in (1, 2, 9):
+            for i in range(rows):
+                h = model[0](x[:rows])
+                assert torch.equal(model[0](x[i:i + 1]), h[i:i + 1])
+                assert torch.equal(fused.output(x[i:i + 1]), fused.output(x[:rows])[i:i + 1])
+                h2 = model[1](h)
+                assert torch.equal(model[1](h[i:i + 1]), h2[i:i + 1])
+                assert torch.equal(model[2](h2[i:i + 1]), model[2](h2)[i:i + 1])

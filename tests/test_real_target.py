@@ -11,7 +11,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from dspark_kernels.models import load_model  # noqa: E402
-from dspark_kernels.models.convert import convert_gguf  # noqa: E402
+from dspark_kernels.models.convert import OUTPUT_FILES  # noqa: E402
+from dspark_kernels.models.convert import main as convert_main  # noqa: E402
 
 RTOL = 1e-4
 CHATS = [
@@ -117,8 +118,14 @@ def test_ragged_batch_of_chat_prompts(model, hf_model, prompts):
         assert_rel(got[i], refs[i], f"chat prompt {i} in a ragged batch")
 
 
-def test_converted_directory_loads_in_both_runtimes(model, gguf_path, prompts, tmp_path):
-    out = convert_gguf(gguf_path, tmp_path / "hf")
+def test_converted_directory_loads_in_both_runtimes(model, gguf_path, prompts, tmp_path, capsys):
+    """``python -m dspark_kernels.models.convert`` writes a directory both runtimes load to the same logits; it does
+    not overwrite one without ``--force``."""
+    out = tmp_path / "hf"
+    assert convert_main([str(gguf_path), str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == set(OUTPUT_FILES)
+    assert convert_main([str(gguf_path), str(out)]) == 1
+    assert "already holds config.json" in capsys.readouterr().err
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     ours = load_model(out)
     seq = prompts[1]

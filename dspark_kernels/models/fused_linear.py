@@ -49,6 +49,7 @@ class FusedLinear:
         self._views = [part.weight.data_ptr() for part in parts]
         # per ``first``: views of the weight and bias rows of the parts from ``first`` on, and their prepacked copy
         self._rows: dict[int, tuple[torch.Tensor, torch.Tensor | None, PackedWeight]] = {}
+        self.min_rows = 1  # gemm_dtype.pad_single_row_gemms sets 2
 
     def output(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
         """``x [T, in]`` (any float dtype) -> ``[T, sum(out_i)]``: the outputs of the parts from ``first`` on side by
@@ -61,7 +62,7 @@ class FusedLinear:
             skip = sum(self.sizes[:first])
             rows = self._rows[first] = (self.weight[skip:], None if self.bias is None else self.bias[skip:],
                                         PackedWeight())
-        return low_precision_linear(x, *rows)
+        return low_precision_linear(x, *rows, self.min_rows)
 
     def forward(self, x: torch.Tensor, first: int = 0) -> tuple[torch.Tensor, ...]:
         """:meth:`output` as one ``[T, out_i]`` view per part from part ``first`` on."""

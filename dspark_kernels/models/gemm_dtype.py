@@ -31,7 +31,7 @@ from torch import nn
 from ..reference._tensor_key import tensor_key
 
 __all__ = ["GEMM_DTYPES", "CastGemmLinear", "PackedWeight", "cast_gemm_weights", "low_precision_linear",
-           "parse_gemm_dtype"]
+           "pad_single_row_gemms", "parse_gemm_dtype"]
 
 GEMM_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -82,12 +82,16 @@ class PackedWeight:
 
 
 def low_precision_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                         pack: PackedWeight) -> torch.Tensor:
+                         pack: PackedWeight, min_rows: int = 1) -> torch.Tensor:
     """``F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)``: ``x [..., in]``, ``weight [out, in]``, ``bias
     [out]`` (in the weight's dtype) -> ``[..., out]`` in ``x``'s dtype.
 
     Where :func:`_packable`, through the caller's :class:`PackedWeight` of ``weight`` (see the module docstring), so
-    a replaced or updated weight is packed again. Bit-identical to the plain call."""
+    a replaced or updated weight is packed again. Bit-identical to the plain call. ``min_rows``: a 2-D ``x`` with
+    fewer rows runs padded with zero rows to that many (:func:`pad_single_row_gemms`)."""
+    if x.dim() == 2 and x.shape[0] < min_rows:
+        pad = x.new_zeros(min_rows - x.shape[0], x.shape[1])
+        return low_precision_linear(torch.cat((x, pad)), weight, bias, pack)[: x.shape[0]]
     xw = x.to(weight.dtype)
     if not _packable(weight):
         return F.linear(xw, weight, bias).to(x.dtype)
@@ -106,9 +110,10 @@ class CastGemmLinear(nn.Module):
         self.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
         self._pack = PackedWeight()
+        self.min_rows = 1  # pad_single_row_gemms sets 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return low_precision_linear(x, self.weight, self.bias, self._pack)
+        return low_precision_linear(x, self.weight, self.bias, self._pack, self.min_rows)
 
     __call__ = forward
 
@@ -135,6 +140,35 @@ def cast_gemm_weights(module: nn.Module, dtype: torch.dtype | str | None,
                 setattr(parent, name, CastGemmLinear(child, dtype))
             elif not isinstance(child, nn.Linear):
                 visit(child)
+
+    visit(module)
+    return module
+
+
+def pad_single_row_gemms(module: nn.Module) -> nn.Module:
+    """Make every linear layer in ``module`` (in place; returns it) run a one-row input as two rows (the second zero,
+    dropped), so that a row's output does not depend on how many rows share its GEMM.
+
+    CPU BLAS and oneDNN pick another kernel for a single row (a GEMV, whose reduction order differs from the GEMM's):
+    a token decoded alone then rounds differently from the same token verified among others, which breaks greedy
+    speculative decoding's bit-equality with greedy decoding. From two rows on, the kernels tested here
+    (``tests/test_batch_invariant_attention.py``) give each row the same bits whatever the row count. Plain
+    ``nn.Linear`` layers become :class:`CastGemmLinear` layers of their own dtype (the same GEMM; a tied weight stays
+    shared); fused projections (:class:`~.fused_linear.FusedLinear`) are padded too. The cost is the second row's
+    arithmetic: the weight is read once either way."""
+    def visit(parent: nn.Module) -> None:
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Linear):
+                child = CastGemmLinear(child, child.weight.dtype)
+                setattr(parent, name, child)
+            if isinstance(child, CastGemmLinear):
+                child.min_rows = 2
+            else:
+                visit(child)
+            for attr in ("fused_qkv", "fused_gate_up"):
+                fused = getattr(child, attr, None)
+                if fused is not None:
+                    fused.min_rows = 2
 
     visit(module)
     return module

@@ -29,7 +29,7 @@ from ..reference._tensor_key import tensor_key
 from ..reference.batch_invariant_attention import BatchInvariantPlan
 from .config import ModelConfig
 from .fused_linear import FusedLinear, fuse_projections
-from .gemm_dtype import cast_gemm_weights
+from .gemm_dtype import cast_gemm_weights, pad_single_row_gemms
 from .kv_cache import PagedKVCache
 from .sources import load_weights
 
@@ -358,8 +358,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     the state dict keeps the checkpoint's names. ``batch_invariant``: batch-invariant attention
     (``plan_verify_attention(..., batch_invariant=True)``: :mod:`reference.batch_invariant_attention` on the CPU, one
     pinned launch config for the Triton kernel), so a token's logits do not depend on how many tokens or requests share
-    its forward: with row-invariant GEMMs, greedy speculative decoding then reproduces greedy AR decoding bit for bit
-    (slower attention on the CPU; sets :attr:`CausalLM.batch_invariant`)."""
+    its forward, and GEMMs whose rows do not depend on the row count (:func:`.gemm_dtype.pad_single_row_gemms`):
+    greedy speculative decoding then reproduces greedy AR decoding bit for bit (slower attention on the CPU; sets
+    :attr:`CausalLM.batch_invariant`)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
     try:
@@ -377,4 +378,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.batch_invariant = batch_invariant
-    return fuse_projections(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype))
+    model = fuse_projections(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype))
+    return pad_single_row_gemms(model) if batch_invariant else model
