@@ -130,7 +130,7 @@ def test_verify_forward(benchmark, target, k):
         model(new, cu, [0], cache)
         cache.rollback(0, k)
 
-    benchmark.pedantic(verify, rounds=10, warmup_rounds=2)
+    benchmark.pedantic(verify, rounds=20, warmup_rounds=3)
     weight_bytes, flops = target_forward_cost(model, CONTEXT, k)
     record(benchmark, shapes={"new_tokens": k, "context": CONTEXT, "gemm_dtype": gemm_dtype}, bytes_moved=weight_bytes,
            flops=flops, impl="torch")

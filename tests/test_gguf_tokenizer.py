@@ -228,6 +228,16 @@ def test_ids_match_transformers_gguf_tokenizer(ours, hf, info, corpus, strings):
     assert [hf.convert_ids_to_tokens(i) for i in hf(" ½", add_special_tokens=False)["input_ids"]] == ["ĠÂ", "½"]
 
 
+def test_ids_match_llama_cpp(gguf_file, ours, strings):
+    """Our ids equal llama.cpp's own tokenizer (``llama-cpp-python``, the optional ``llamacpp`` extra) on every string,
+    the digit-split cases included."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is the optional extra: pip install -e '.[llamacpp]'")
+    llm = llama_cpp.Llama(model_path=str(gguf_file.path), vocab_only=True, verbose=False)
+    mine = [e.ids for e in ours.encode_batch(strings, add_special_tokens=False)]
+    wrong = [s for s, ids in zip(strings, mine) if llm.tokenize(s.encode("utf-8"), add_bos=False, special=True) != ids]
+    assert not wrong, f"{len(wrong)} of {len(strings)} strings tokenize differently in llama.cpp, e.g. {wrong[:3]!r}"
+
+
 def test_known_ids(ours):
     """Ids worked out by hand from the vocabulary and merges (digits one per token, space runs merged)."""
     assert ours.encode("Hello world! 123").ids == [19556, 905, 17, 216, 33, 34, 35]
