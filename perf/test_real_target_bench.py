@@ -13,12 +13,16 @@ thread count for every runtime:
 Each record states the weight bytes the runtime reads per token (``bytes``: every weight but the embedding table,
 which is gathered, once per forward) and its minimum (``min_bytes``: the GGUF's own tensor bytes, the least any
 runtime of this checkpoint must stream per token), and ``flops`` (2 x parameters per token). ``extra_info`` has
-tokens/s. Compare runtimes within one run: absolute CPU times are noise.
+tokens/s. ``test_decode_side_by_side`` runs them all round-robin in one test and records the median tokens/s of
+each and the ratios the goals name: compare runtimes there, since absolute CPU times drift on a shared machine.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import statistics
+import time
 
 import pytest
 import torch
@@ -39,6 +43,7 @@ VERIFY_TOKENS = (1, 2, 4, 8, 16, 32, 64)
 CONTEXT = 200
 BATCHES = (1, 2, 4, 8, 16, 32)
 BATCH_NEW = 16
+SIDE_BY_SIDE_CYCLES = 5
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +112,34 @@ def test_decode(benchmark, setting, runtime):
     benchmark.extra_info.update({"min_bytes": float(gguf_bytes * NEW), "threads": torch.get_num_threads()})
     if benchmark.stats is not None:  # None under --benchmark-disable (the CI smoke run)
         benchmark.extra_info["tokens_per_s"] = NEW / benchmark.stats.stats.median
+
+
+def test_decode_side_by_side(benchmark, setting):
+    """The goal's measurement: every runtime decodes the same prompt once per cycle, in an order rotated each cycle,
+    so slow drifts of a shared machine's speed hit them alike; ``extra_info`` has each runtime's median tokens/s over
+    the cycles and the ratios the goals name (ours / ``transformers`` at each precision, ours / llama.cpp)."""
+    path, ids, _, _ = setting
+    runtimes = [r for r in RUNTIMES if r != "llamacpp" or importlib.util.find_spec("llama_cpp") is not None]
+    runners = {r: _runner(r, path, ids)[0] for r in runtimes}
+    seconds: dict[str, list[float]] = {r: [] for r in runtimes}
+    cycle = [0]
+
+    def one_cycle():
+        k = cycle[0] % len(runtimes)
+        for r in runtimes[k:] + runtimes[:k]:
+            t0 = time.perf_counter()
+            assert runners[r]() == NEW
+            seconds[r].append(time.perf_counter() - t0)
+        cycle[0] += 1
+
+    benchmark.pedantic(one_cycle, rounds=SIDE_BY_SIDE_CYCLES, warmup_rounds=1)
+    tps = {r: NEW / statistics.median(t[1:] if len(t) > 1 else t) for r, t in seconds.items()}  # t[0]: the warmup
+    ratios = {"ours_fp32/hf_fp32": tps["ours_fp32"] / tps["hf_fp32"],
+              "ours_bf16/hf_bf16": tps["ours_bf16"] / tps["hf_bf16"]}
+    if "llamacpp" in tps:
+        ratios["best_ours/llamacpp"] = max(tps["ours_fp32"], tps["ours_bf16"]) / tps["llamacpp"]
+    benchmark.extra_info.update({"runtimes": runtimes, "tokens_per_s": tps, "ratios": ratios, "new_tokens": NEW,
+                                 "cycles": len(seconds[runtimes[0]]) - 1, "threads": torch.get_num_threads()})
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])

@@ -138,3 +138,17 @@ def test_converted_directory_loads_in_both_runtimes(model, gguf_path, prompts, t
     assert torch.equal(got, run(model, cache, {0: seq})[0]), "the converted weights differ from the GGUF's"
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.apply_chat_template(CHATS[1], add_generation_prompt=True, tokenize=True, return_dict=False) == seq
+
+
+def test_convert_refuses_what_it_cannot_convert(tmp_path, capsys):
+    """A directory, a missing path and a non-GGUF file are errors naming the source, before anything is written."""
+    from dspark_kernels.bench import ASSETS
+
+    bad = tmp_path / "notes.gguf"
+    bad.write_bytes(b"not a model")
+    for src, message in ((str(ASSETS / "target"), "already a Hugging Face directory"),
+                         (str(tmp_path / "missing.gguf"), "is not a registry name or an existing path"),
+                         (str(bad), "is not a GGUF file")):
+        assert convert_main([src, str(tmp_path / "out")]) == 1
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

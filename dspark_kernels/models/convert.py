@@ -42,7 +42,10 @@ def convert_gguf(src: str | Path, out_dir: str | Path, dtype: torch.dtype = torc
     clash = [n for n in OUTPUT_FILES if (out / n).exists()]
     if clash and not overwrite:
         raise FileExistsError(f"{out} already holds {clash[0]}: pass overwrite=True (--force) to replace it")
-    f = GGUFFile(resolve_model(src))
+    path = resolve_model(src)
+    if path.is_dir():
+        raise ValueError(f"{src} is already a Hugging Face directory ({path}); convert takes a GGUF file")
+    f = GGUFFile(path)
     config = gguf_config_dict(f)
     cfg, sd = load_gguf_state_dict(f.path, dtype=dtype, file=f)
     info = tokenizer_info(f)
