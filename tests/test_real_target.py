@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 from dspark_kernels.models import load_model  # noqa: E402
 from dspark_kernels.models.convert import OUTPUT_FILES  # noqa: E402
 from dspark_kernels.models.convert import main as convert_main  # noqa: E402
+from tests.test_models import assert_rel, hf_logits, run  # noqa: E402
 
-RTOL = 1e-4
 CHATS = [
     [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}],
     [{"role": "system", "content": "You answer in one sentence."},
@@ -47,26 +47,6 @@ def model(gguf_path):
     return load_model(gguf_path)
 
 
-def hf_logits(hf, seq: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return hf(torch.tensor([seq])).logits[0].float()
-
-
-def assert_rel(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
-    err, scale = float((ours - ref).abs().max()), float(ref.abs().max())
-    assert err <= RTOL * scale, f"{what}: max|a-b| = {err:.3e} > {RTOL} * {scale:.3e}"
-
-
-def run(model, cache, chunks: dict) -> dict:
-    """One batched forward of ``{rid: tokens}``; per-request logits."""
-    rids = list(chunks)
-    ids = torch.tensor([t for r in rids for t in chunks[r]])
-    lens = torch.tensor([len(chunks[r]) for r in rids])
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
-    out = model(ids, cu, rids, cache)
-    return {r: out.logits[cu[i]:cu[i + 1]] for i, r in enumerate(rids)}
-
-
 def test_config_from_gguf_metadata(model):
     cfg = model.config
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size) == ("llama", 30, 576, 1536)
@@ -79,7 +59,7 @@ def test_prefill(model, hf_model, prompts):
     seq = prompts[0]
     cache = model.new_cache(num_pages=8, page_size=16)
     cache.add_request(0)
-    assert_rel(run(model, cache, {0: seq})[0], hf_logits(hf_model, seq), "prefill")
+    assert_rel(run(model, cache, {0: seq})[0][0], hf_logits(hf_model, seq), "prefill")
 
 
 @pytest.mark.parametrize("page_size", (16, 4))
@@ -88,9 +68,9 @@ def test_token_by_token_decode(model, hf_model, prompts, page_size):
     ref = hf_logits(hf_model, seq)
     cache = model.new_cache(num_pages=64 // page_size + 2, page_size=page_size)
     cache.add_request("r")
-    assert_rel(run(model, cache, {"r": seq[:4]})["r"], ref[:4], "first chunk")
+    assert_rel(run(model, cache, {"r": seq[:4]})[0]["r"], ref[:4], "first chunk")
     for t in range(4, len(seq)):
-        assert_rel(run(model, cache, {"r": [seq[t]]})["r"], ref[t:t + 1], f"decode step {t}")
+        assert_rel(run(model, cache, {"r": [seq[t]]})[0]["r"], ref[t:t + 1], f"decode step {t}")
 
 
 def test_verify_chunks_with_rollback(model, hf_model, prompts):
@@ -104,7 +84,7 @@ def test_verify_chunks_with_rollback(model, hf_model, prompts):
         run(model, cache, {"a": [(t + 7) % 49152 for t in chunk]})  # a rejected draft...
         cache.rollback("a", n)  # ...rolled back before the real tokens are verified
         assert cache.length("a") == pos
-        assert_rel(run(model, cache, {"a": chunk})["a"], ref[pos:pos + n], f"verify chunk at {pos}")
+        assert_rel(run(model, cache, {"a": chunk})[0]["a"], ref[pos:pos + n], f"verify chunk at {pos}")
         pos += n
 
 
@@ -113,7 +93,7 @@ def test_ragged_batch_of_chat_prompts(model, hf_model, prompts):
     cache = model.new_cache(num_pages=24, page_size=16)
     for i in range(3):
         cache.add_request(i)
-    got = run(model, cache, dict(enumerate(prompts)))
+    got = run(model, cache, dict(enumerate(prompts)))[0]
     for i in range(3):
         assert_rel(got[i], refs[i], f"chat prompt {i} in a ragged batch")
 
@@ -131,11 +111,11 @@ def test_converted_directory_loads_in_both_runtimes(model, gguf_path, prompts, t
     seq = prompts[1]
     cache = ours.new_cache(num_pages=8, page_size=16)
     cache.add_request(0)
-    got = run(ours, cache, {0: seq})[0]
+    got = run(ours, cache, {0: seq})[0][0]
     assert_rel(got, hf_logits(hf, seq), "converted directory, ours vs transformers")
     cache = model.new_cache(num_pages=8, page_size=16)
     cache.add_request(0)
-    assert torch.equal(got, run(model, cache, {0: seq})[0]), "the converted weights differ from the GGUF's"
+    assert torch.equal(got, run(model, cache, {0: seq})[0][0]), "the converted weights differ from the GGUF's"
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.apply_chat_template(CHATS[1], add_generation_prompt=True, tokenize=True, return_dict=False) == seq
 
