@@ -1,5 +1,7 @@
 """Target rollouts: generation with the batched path, compact storage round-trip, prompt sampling."""
 
+import json
+
 import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -98,3 +100,56 @@ def test_rollouts_cli_bad_options(tmp_path, argv, message, capsys):
     with pytest.raises(SystemExit):
         rollouts.main(["--out", str(tmp_path / "ro"), *argv])
     assert message in capsys.readouterr().err and not (tmp_path / "ro").exists()
+
+
+@pytest.fixture(scope="module")
+def chat_target(tmp_path_factory):
+    """A tiny Qwen3 with the shipped tokenizer, a ChatML template and EOS 2, and a three-domain chat prompt set."""
+    import shutil
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("chat_target")
+    cfg = Qwen3Config(vocab_size=8192, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, tie_word_embeddings=True)
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    shutil.copy(ASSETS / "tokenizer.json", path / "tokenizer.json")
+    template = ("{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|bos|>assistant\n{% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2]}))
+    prompts = tmp_path_factory.mktemp("prompts")
+    for domain in ("code", "math", "chat"):
+        (prompts / domain).mkdir()
+        for split in ("train", "heldout"):
+            lines = [json.dumps({"prompt": f"{domain} {split} question {i}"}) for i in range(4)]
+            (prompts / domain / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return path, prompts
+
+
+def test_chat_rollouts_go_through_the_template_and_resume_exactly(chat_target, tmp_path):
+    """``--prompts``: user messages rendered with the chat template, domains in equal shares; a run stopped after its
+    first shards and resumed with ``--resume`` writes the same shards as one uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from dspark_kernels.train import rollouts
+
+    model, prompts = chat_target
+    common = ["--model", str(model), "--prompts", str(prompts), "--num-prompts", "7", "--max-new-tokens", "3",
+              "--batch-size", "2", "--shard-size", "3", "--temperatures", "1.0", "0"]
+    rollouts.main([*common, "--out", str(tmp_path / "whole")])
+    ro = load_rollouts(tmp_path / "whole", "train")
+    assert len(ro) == 7 and ro.domain == [0, 0, 0, 1, 1, 2, 2] and ro.temperature == [1.0, 0.0] * 3 + [1.0]
+    tok = load_target_tokenizer(model)
+    assert ro.prompts[3] == tok.encode_chat([{"role": "user", "content": "math train question 0"}])
+    rollouts.main([*common, "--out", str(tmp_path / "resumed")])
+    (tmp_path / "resumed" / "train-002.safetensors").unlink()  # as if stopped after two shards
+    rollouts.main([*common, "--out", str(tmp_path / "resumed"), "--resume"])
+    for k in range(3):
+        whole = load_file(str(tmp_path / "whole" / f"train-{k:03d}.safetensors"))
+        again = load_file(str(tmp_path / "resumed" / f"train-{k:03d}.safetensors"))
+        assert all(torch.equal(whole[n], again[n]) for n in whole)
+    manifest = json.loads((tmp_path / "resumed" / "manifest.json").read_text())["train"]
+    assert manifest["complete"] and manifest["rollouts"] == 7 and manifest["domains"] == ["code", "math", "chat"]
+    assert manifest["response_tokens_per_s"] > 0
+    with pytest.raises(SystemExit):
+        rollouts.main([*common[:5], "--num-prompts", "13", "--out", str(tmp_path / "x")])
