@@ -252,11 +252,35 @@ def test_legacy_rope_fields():
     ("eos_token_id", V, rf"eos_token_id must be token ids in \[0, vocab_size = {V}\)"),
     ("eos_token_id", [2, True], "eos_token_id must be token ids"),
     ("bos_token_id", [1], "bos_token_id must be a token id"),
+    ("tie_word_embeddings", "false", "tie_word_embeddings must be a JSON boolean"),
+    ("attention_bias", "false", "attention_bias must be a JSON boolean"),
+    ("mlp_bias", 0, "mlp_bias must be a JSON boolean"),
+    ("num_key_value_heads", 0, "num_key_value_heads must be >= 1"),
+    ("rope_theta", float("nan"), "rope_theta must be a finite number > 0"),
+    ("rope_theta", 0, "rope_theta must be a finite number > 0"),
+    ("rope_theta", -1e4, "rope_theta must be a finite number > 0"),
+    ("rope_theta", True, "rope_theta must be a finite number > 0"),
+    ("rope_theta", "1e4", "rope_theta must be a finite number > 0"),
 ])
 def test_config_values_are_checked(checkpoints, key, value, match):
     raw = json.loads((checkpoints["qwen3"][1] / "config.json").read_text())
+    raw.pop("rope_parameters", None)  # rope_theta given at the top level, the legacy form
     with pytest.raises(ValueError, match=match):
         ModelConfig.from_dict({**raw, key: value})
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("factor", float("inf"), r"rope_scaling.factor must be a finite number > 0"),
+    ("low_freq_factor", "1", r"rope_scaling.low_freq_factor must be a finite number > 0"),
+    ("original_max_position_embeddings", 0, r"rope_scaling.original_max_position_embeddings must be a finite"),
+    ("high_freq_factor", 0.5, "high_freq_factor must exceed low_freq_factor"),
+    ("rope_theta", None, "rope_theta must be a finite number > 0"),
+])
+def test_llama3_rope_fields_are_checked(key, value, match):
+    base = dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                num_attention_heads=2)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict({**base, "rope_parameters": {**LLAMA3_ROPE, key: value}})
 
 
 def test_config_with_fewer_layers_than_the_weights_is_refused(checkpoints, tmp_path):

@@ -35,6 +35,20 @@ def _int_field(source: str, key: str, value: Any, low: int = 1) -> int:
     return value
 
 
+def _bool_field(source: str, key: str, value: Any) -> bool:
+    """A config flag: a JSON boolean (a string such as ``"false"`` would read as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{source}: {key} must be a JSON boolean (true or false), got {value!r}")
+    return value
+
+
+def _positive_number(source: str, key: str, value: Any) -> float:
+    """A finite number > 0 (not a bool or a string)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{source}: {key} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 def _bos_id(source: str, value: Any, vocab_size: int) -> int | None:
     """``None`` or one token id in ``[0, vocab_size)``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size):
@@ -112,7 +126,8 @@ class ModelConfig:
 
         hidden = _int_field(source, "hidden_size", req("hidden_size"))
         heads = _int_field(source, "num_attention_heads", req("num_attention_heads"))
-        kv_heads = _int_field(source, "num_key_value_heads", d.get("num_key_value_heads") or heads)
+        kv_value = d.get("num_key_value_heads")
+        kv_heads = heads if kv_value is None else _int_field(source, "num_key_value_heads", kv_value)
         vocab = _int_field(source, "vocab_size", req("vocab_size"))
         head_dim = d.get("head_dim")
         if head_dim is not None:
@@ -145,9 +160,9 @@ class ModelConfig:
             rope_theta=theta,
             rope_type=rope_type,
             rope_scaling=scaling,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=bool(d.get("attention_bias", False)),
-            mlp_bias=bool(d.get("mlp_bias", False)),
+            tie_word_embeddings=_bool_field(source, "tie_word_embeddings", d.get("tie_word_embeddings", False)),
+            attention_bias=_bool_field(source, "attention_bias", d.get("attention_bias", False)),
+            mlp_bias=_bool_field(source, "mlp_bias", d.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             bos_token_id=_bos_id(source, d.get("bos_token_id"), vocab),
             eos_token_ids=_token_ids(source, "eos_token_id", d.get("eos_token_id"), vocab),
@@ -170,7 +185,7 @@ class ModelConfig:
         if not isinstance(legacy, dict):
             raise ValueError(f"{source}: rope_scaling must be an object, got {type(legacy).__name__}")
         merged = {**legacy, **params}
-        theta = merged.get("rope_theta", d.get("rope_theta", 10000.0))
+        theta = _positive_number(source, "rope_theta", merged.get("rope_theta", d.get("rope_theta", 10000.0)))
         rope_type = merged.get("rope_type", merged.get("type", "default"))
         if rope_type not in _SUPPORTED_ROPE_TYPES:
             raise ValueError(f"{source}: unsupported rope_type {rope_type!r}; supported: {list(_SUPPORTED_ROPE_TYPES)}")
@@ -181,7 +196,10 @@ class ModelConfig:
             missing = [k for k in _LLAMA3_KEYS if k not in merged]
             if missing:
                 raise ValueError(f"{source}: llama3 rope scaling is missing {missing}")
-            scaling = {k: float(merged[k]) for k in _LLAMA3_KEYS}
+            scaling = {k: _positive_number(source, f"rope_scaling.{k}", merged[k]) for k in _LLAMA3_KEYS}
+            if scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+                raise ValueError(f"{source}: rope_scaling.high_freq_factor must exceed low_freq_factor, got "
+                                 f"{scaling['high_freq_factor']} <= {scaling['low_freq_factor']}")
         return float(theta), str(rope_type), scaling
 
     @classmethod
