@@ -81,23 +81,44 @@ def stop_tokens(eos_token_id: object, vocab_size: int) -> frozenset[int]:
     return frozenset(_token_id("eos_token_id entry", t, vocab_size) for t in eos_token_id)
 
 
-def check_step_logits(logits: torch.Tensor, request_ids: Sequence, rows_per_request: Sequence[int] | None = None
-                      ) -> None:
+def check_step_logits(logits: torch.Tensor, request_ids: Sequence, rows_per_request: Sequence[int] | None = None,
+                      temperature: torch.Tensor | None = None) -> None:
     """Raise unless every row of ``logits [rows, V]`` has a finite maximum: one NaN or +inf logit, or a row of -inf,
     means the model's forward broke (its weights or its inputs), and a token drawn from it would be meaningless.
     -inf entries beside a finite maximum (masked tokens) are allowed. Rows belong to ``request_ids`` in order, one
     each or ``rows_per_request[r]`` each (a verify forward); the error names the request. One reduction over the
     rows, read on the host like the tokens each step reads anyway (through numpy for float32 CPU rows: 5-9 us per
-    step against torch's 11-19 us at 1-16 rows of 8192)."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+    step against torch's 11-19 us at 1-16 rows of 8192).
+
+    ``temperature [R]`` (float32, one per request; 0 = greedy): also raise ``ValueError`` where a sampled row's
+    largest ``|logit|`` divided by its temperature overflows float32, the sampling ops' first step (their own check of
+    it is off in the decode loops): a tiny positive temperature would otherwise draw from NaN probabilities."""
+    cpu32 = logits.device.type == "cpu" and logits.dtype == torch.float32
+    if cpu32:
         peak = logits.detach().numpy().max(axis=1, initial=-np.inf)
         ok = bool(np.isfinite(peak).all())
     else:
         peak_t = logits.detach().amax(dim=1)
         ok = bool(torch.isfinite(peak_t).all())
         peak = peak_t.float().cpu().numpy()
+    owners = None
     if not ok:
         row = int(np.flatnonzero(~np.isfinite(peak))[0])
         owners = [rid for rid, n in zip(request_ids, rows_per_request or [1] * len(request_ids)) for _ in range(n)]
         raise FloatingPointError(f"the logits of request {owners[row]} are not finite (row maximum "
                                  f"{float(peak[row])}): the model produced NaN or Inf; check its weights and inputs")
+    if temperature is None:
+        return
+    t = np.repeat(temperature.detach().float().cpu().numpy(), rows_per_request or 1)
+    if not (t > 0).any():
+        return
+    low = logits.detach().numpy().min(axis=1) if cpu32 else logits.detach().amin(dim=1).float().cpu().numpy()
+    scale = np.maximum(peak, -low).astype(np.float32)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        bad = (t > 0) & ~np.isfinite(scale / np.where(t > 0, t, 1).astype(np.float32))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        owners = [rid for rid, n in zip(request_ids, rows_per_request or [1] * len(request_ids)) for _ in range(n)]
+        raise ValueError(f"temperature {float(t[row]):.3g} of request {owners[row]} is too small for its logits "
+                         f"(largest |logit| {float(scale[row]):.3g}): logits / temperature overflows float32; use a "
+                         f"larger temperature, or 0 for greedy")

@@ -18,6 +18,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .ops import rejection_sample
@@ -54,6 +55,9 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
         raise ValueError(f"need a finite temperature >= 0, top_k >= 0 and 0 < top_p <= 1, got {temperature}, {top_k}, "
                          f"{top_p}")
+    if temperature > 0 and float(np.float32(temperature)) == 0:
+        raise ValueError(f"temperature {temperature} rounds to 0 in float32 (it would decode greedily); use 0 for "
+                         f"greedy or a temperature >= 1.4e-45")
 
 
 @dataclass

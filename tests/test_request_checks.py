@@ -191,3 +191,26 @@ def test_a_drafter_loaded_for_another_target_is_refused(tmp_path, target, drafte
         Engine(other, drafter, make_policy("fixed3"), flat_profile(64, 100.0), gamma=7, max_seq_len=64)
     same_shape = load_model(save_tiny_qwen3(tmp_path / "s", vocab_size=VOCAB))  # another model of the same shape
     assert len(speculative_generate(same_shape, drafter, [[1, 2]], 4, 3).tokens[0]) == 4
+
+
+def test_a_temperature_too_small_for_the_logits_is_an_error_in_every_decode_loop(target, drafter):
+    """1e-42 divides the logits past float32's range: generate, speculative_generate and the engine raise naming the
+    temperature (they used to emit token -1 or fail with an IndexError); one that rounds to 0 in float32 would decode
+    greedily and is refused up front; T = 1e-3 still samples."""
+    prompt = [1, 5, 9, 3]
+    with pytest.raises(ValueError, match=r"temperature 1e-42 of request 0 is too small for its logits"):
+        generate(target, [prompt], 1, temperature=1e-42, seeds=[0])
+    with pytest.raises(ValueError, match=r"temperature 1e-42 of request 0 is too small for its logits"):
+        speculative_generate(target, drafter, [prompt], 4, 3, temperature=1e-42, seeds=[0])
+    engine = Engine(target, drafter, make_policy("fixed3"), flat_profile(16, 10.0), 3, max_batch=2, max_seq_len=32)
+    engine.add_request(prompt, 4, temperature=1e-42, seed=0)
+    with pytest.raises(ValueError, match=r"temperature 1e-42 of request \d+ is too small"):
+        while engine.has_work:
+            engine.step()
+    with pytest.raises(ValueError, match="rounds to 0 in float32"):
+        generate(target, [prompt], 1, temperature=1e-46, seeds=[0])
+    assert len(generate(target, [prompt], 3, temperature=1e-3, seeds=[0]).tokens[0]) == 3
+    logits = torch.tensor([[1e30, 0.0], [1.0, 2.0]])
+    check_step_logits(logits, ["a", "b"], temperature=torch.tensor([0.0, 1e-30]))  # greedy row: no division
+    with pytest.raises(ValueError, match="request a is too small"):
+        check_step_logits(logits, ["a", "b"], temperature=torch.tensor([1e-10, 1.0]))

@@ -57,7 +57,7 @@ def prefill(target: CausalLM, drafter: Drafter, tcache, dstate, rids: Sequence, 
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(dev, torch.int32)
     ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=dev)
     fwd = target(ids, cu, list(rids), tcache, logits_indices=(cu[1:] - 1).long(), hidden_layers=layers, impl=impl)
-    check_step_logits(fwd.logits, rids)
+    check_step_logits(fwd.logits, rids, temperature=sampling.temperature)
     kept = (ids, features_of(fwd.hidden_states, layers), cu)
     if defer is None:
         drafter.extend(dstate, list(rids), *kept)
@@ -182,7 +182,7 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     cu_d_t = torch.tensor(cu_d, dtype=torch.int32, device=dev)
     layers = tuple(drafter.feature_layers)
     fwd = target(tokens, cu_v, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
-    check_step_logits(fwd.logits, rids, [n + 1 for n in lens])
+    check_step_logits(fwd.logits, rids, [n + 1 for n in lens], sampling.temperature)
     probs = None
     acc_u = smp_u = None
     if not sampling.greedy:
@@ -219,7 +219,7 @@ def plain_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anch
     layers = tuple(drafter.feature_layers)
     cu = torch.arange(r + 1, dtype=torch.int32, device=dev)
     fwd = target(anchors, cu, list(rids), tcache, hidden_layers=layers, impl=impl, check_inputs=False)
-    check_step_logits(fwd.logits, rids)
+    check_step_logits(fwd.logits, rids, temperature=sampling.temperature)
     tokens = next_tokens(fwd.logits, sampling, impl)
     kept = (anchors, features_of(fwd.hidden_states, layers), cu)
     return RoundOutput(torch.zeros(r, dtype=torch.int32, device=dev), [0] * r, [[t] for t in tokens], kept)

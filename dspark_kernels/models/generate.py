@@ -114,12 +114,14 @@ def generate(
         ids = torch.tensor([t for f in feed for t in f], dtype=torch.int64, device=dev)
         last = (cu[1:] - 1).long()
         logits = model(ids, cu, live, cache, logits_indices=last, impl=impl, check_inputs=steps == 0).logits
-        check_step_logits(logits, live)
         steps += 1
         if sampler.greedy:  # no parameter tensors to build
+            check_step_logits(logits, live)
             nxt = argmax_rows(logits).tolist()
         else:  # noise offset = tokens a request generated so far, so its draw at step t depends on its seed and t only
-            nxt = next_tokens(logits, sampler.of(live, [len(out[i]) for i in live], dev), impl)
+            sampling = sampler.of(live, [len(out[i]) for i in live], dev)
+            check_step_logits(logits, live, temperature=sampling.temperature)
+            nxt = next_tokens(logits, sampling, impl)
         if steps == 1:
             _sync(dev)
             prefill_s = time.perf_counter() - t0
