@@ -55,6 +55,7 @@ def fraction_below_one(text: str) -> float:
 def model_source(text: str) -> str:
     """``--model``: a registry name (``python -m dspark_kernels.assets list``), a Hugging Face model directory or a
     GGUF file. Checked without loading or fetching anything; a named model that is not cached is fetched when loaded."""
+    from .models.gguf_reader import is_gguf_file
     from .models.registry import REGISTRY
 
     if text in REGISTRY:
@@ -65,9 +66,8 @@ def model_source(text: str) -> str:
             raise argparse.ArgumentTypeError(f"model directory {text!r} has no config.json")
         return text
     if path.is_file():
-        with path.open("rb") as f:
-            if f.read(4) != b"GGUF":
-                raise argparse.ArgumentTypeError(f"{text!r} is neither a model directory nor a GGUF file")
+        if not is_gguf_file(path):
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a model directory nor a GGUF file")
         return text
     raise argparse.ArgumentTypeError(f"{text!r} is not a registry name ({', '.join(sorted(REGISTRY))}), a model "
                                      f"directory or a GGUF file")

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .gguf_reader import GGUFFile
+from .gguf_reader import open_gguf
 from .gguf_tokenizer import save_hf_tokenizer_files, tokenizer_info
 from .gguf_weights import gguf_config_dict, load_gguf_state_dict
 from .registry import resolve_model
@@ -45,9 +45,9 @@ def convert_gguf(src: str | Path, out_dir: str | Path, dtype: torch.dtype = torc
     path = resolve_model(src)
     if path.is_dir():
         raise ValueError(f"{src} is already a Hugging Face directory ({path}); convert takes a GGUF file")
-    f = GGUFFile(path)
+    f = open_gguf(path)
     config = gguf_config_dict(f)
-    cfg, sd = load_gguf_state_dict(f.path, dtype=dtype, file=f)
+    cfg, sd = load_gguf_state_dict(path, dtype=dtype)
     info = tokenizer_info(f)
     config["torch_dtype"] = str(dtype).removeprefix("torch.")
     config["eos_token_id"] = list(info.eos_token_ids) if len(info.eos_token_ids) > 1 else info.eos_token_ids[0]

@@ -11,6 +11,7 @@ Tensor layout: GGUF lists a tensor's dimensions fastest-first (``ne[0]`` is the 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from .checkpoint import CheckpointError
 
-__all__ = ["GGUFError", "GGUFFile", "is_gguf_file"]
+__all__ = ["GGUFError", "GGUFFile", "is_gguf_file", "open_gguf"]
 
 _MAGIC = b"GGUF"
 _MISSING = object()
@@ -110,3 +111,19 @@ class GGUFFile:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         values = np.array(values, dtype=np.float32, copy=True).reshape(shape)  # own the bytes, not the file's map
         return torch.from_numpy(values)
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """The :class:`GGUFFile` of ``path``, shared by every caller while the file keeps its size and mtime: parsing a
+    model file's metadata and tensor table takes seconds, and a model, its tokenizer and its stop tokens are read
+    from the same file. (:meth:`GGUFFile.tensor` returns copies, so sharing is safe.)"""
+    path = Path(path).resolve()
+    if not path.is_file():
+        return GGUFFile(path)  # raises, naming the path
+    st = path.stat()
+    return _open_unchanged(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=4)
+def _open_unchanged(path: Path, size: int, mtime_ns: int) -> GGUFFile:
+    return GGUFFile(path)

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import expected_shapes
 from .config import ModelConfig
-from .gguf_reader import GGUFError, GGUFFile
+from .gguf_reader import GGUFError, GGUFFile, open_gguf
 
 __all__ = ["GGUF_ARCHITECTURES", "gguf_config_dict", "load_gguf_state_dict", "unpermute_qk"]
 
@@ -124,15 +124,15 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def load_gguf_state_dict(path: str | Path, dtype: torch.dtype | None = None,
-                         file: GGUFFile | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_gguf_state_dict(path: str | Path, dtype: torch.dtype | None = None) -> tuple[ModelConfig,
+                                                                                    dict[str, torch.Tensor]]:
     """Config and dequantized weights (HF names, PyTorch layouts) of the GGUF model at ``path``.
 
-    ``dtype``: cast the float32 dequantized tensors (``None`` keeps float32). ``file``: an already opened
-    :class:`GGUFFile` of ``path``. Returns ``(cfg, state_dict)`` with exactly the names of :func:`expected_shapes`;
-    with tied embeddings ``state_dict["lm_head.weight"]`` is the embedding tensor itself.
+    ``dtype``: cast the float32 dequantized tensors (``None`` keeps float32). Returns ``(cfg, state_dict)`` with
+    exactly the names of :func:`expected_shapes`; with tied embeddings ``state_dict["lm_head.weight"]`` is the
+    embedding tensor itself. The file is opened through :func:`.gguf_reader.open_gguf` (parsed once while unchanged).
     """
-    f = file if file is not None else GGUFFile(path)
+    f = open_gguf(path)
     cfg = ModelConfig.from_dict(gguf_config_dict(f), source=f"{f.path} (GGUF metadata)")
     shapes = expected_shapes(cfg)
     by_hf = {}

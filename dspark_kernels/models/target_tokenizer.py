@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .gguf_reader import GGUFFile
+from .gguf_reader import open_gguf
 from .gguf_tokenizer import StreamDecoder, render_chat, tokenizer_from_gguf, tokenizer_info
 from .registry import resolve_model
 
@@ -141,11 +141,11 @@ def _from_directory(path: Path) -> TargetTokenizer:
 def stop_token_ids(source: str | Path) -> tuple[int, ...]:
     """The EOS ids generation with the model at ``source`` stops at, read without building its tokenizer."""
     path = resolve_model(source)
-    return tokenizer_info(GGUFFile(path)).eos_token_ids if path.is_file() else _directory_specials(path)[1]
+    return tokenizer_info(open_gguf(path)).eos_token_ids if path.is_file() else _directory_specials(path)[1]
 
 
 def _from_gguf(path: Path) -> TargetTokenizer:
-    f = GGUFFile(path)
+    f = open_gguf(path)
     info = tokenizer_info(f)
     return TargetTokenizer(tokenizer_from_gguf(f), info.bos_token_id, info.eos_token_ids, info.add_bos_token,
                            info.chat_template, info.bos_token or "", info.eos_token or "")
