@@ -19,6 +19,7 @@ from dspark_kernels.models import (  # noqa: E402
     load_model,
 )
 from dspark_kernels.models.transformer import RMSNorm  # noqa: E402
+from dspark_kernels.models.weight_layout import is_column_major  # noqa: E402
 
 V = 300
 RTOL = 1e-4
@@ -98,7 +99,10 @@ def test_config_parsed(checkpoints, loaded, kind):
     assert cfg.qk_norm == kind.startswith("qwen3")
     assert cfg.rope_type == ("llama3" if kind == "llama3" else "default")
     if kind == "qwen3_tied":
-        assert cfg.tie_word_embeddings and loaded[kind].lm_head.weight is loaded[kind].model.embed_tokens.weight
+        # tied: the same values; on the CPU the LM head holds a column-major copy (models/weight_layout.py)
+        model = loaded[kind]
+        assert cfg.tie_word_embeddings and torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+        assert is_column_major(model.lm_head.weight) and model.model.embed_tokens.weight.is_contiguous()
     hf_inv = checkpoints[kind][0].model.rotary_emb.inv_freq
     torch.testing.assert_close(cfg.inv_freq(), hf_inv, rtol=0, atol=0)
 

@@ -51,7 +51,7 @@ def test_config_from_gguf_metadata(model):
     cfg = model.config
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size) == ("llama", 30, 576, 1536)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size) == (9, 3, 64, 49152)
-    assert cfg.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
+    assert cfg.tie_word_embeddings and torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
     assert cfg.rope_theta == 1e5 and cfg.max_position_embeddings == 8192
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .gemm_dtype import PackedWeight, low_precision_linear
+from .weight_layout import is_column_major
 
 __all__ = ["FusedLinear", "fuse_projections"]
 
@@ -38,6 +39,8 @@ class FusedLinear:
             raise ValueError("fused layers must all have a bias or all have none")
         self.sizes = [w.shape[0] for w in weights]
         self.weight = torch.cat([w.detach() for w in weights])
+        if all(is_column_major(w) for w in weights):  # keep the parts' layout (:mod:`.weight_layout`)
+            self.weight = self.weight.t().contiguous().t()
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
         self.parts = list(parts)
         start = 0

@@ -30,6 +30,7 @@ from ..reference.batch_invariant_attention import BatchInvariantPlan
 from .config import ModelConfig
 from .fused_linear import FusedLinear, fuse_projections
 from .gemm_dtype import cast_gemm_weights, pad_single_row_gemms
+from .weight_layout import column_major_weights
 from .kv_cache import PagedKVCache
 from .sources import load_weights
 
@@ -354,8 +355,9 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
 
     ``dtype``: weights and activations; ``gemm_dtype`` (e.g. ``torch.bfloat16``): keep the linear layers' weights in
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
-    when tied to the embedding). The q/k/v and gate/up projections are fused for inference (:mod:`.fused_linear`);
-    the state dict keeps the checkpoint's names. ``batch_invariant``: batch-invariant attention
+    when tied to the embedding). fp32 CPU linear weights are stored column-major, the layout of fast few-row GEMMs
+    there (:mod:`.weight_layout`; a tied LM head gets its own copy). The q/k/v and gate/up projections are fused for
+    inference (:mod:`.fused_linear`); the state dict keeps the checkpoint's names. ``batch_invariant``: batch-invariant attention
     (``plan_verify_attention(..., batch_invariant=True)``: :mod:`reference.batch_invariant_attention` on the CPU, one
     pinned launch config for the Triton kernel), so a token's logits do not depend on how many tokens or requests share
     its forward, and GEMMs whose rows do not depend on the row count (:func:`.gemm_dtype.pad_single_row_gemms`):
@@ -378,5 +380,5 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.batch_invariant = batch_invariant
-    model = fuse_projections(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype))
+    model = fuse_projections(column_major_weights(cast_gemm_weights(model.eval().requires_grad_(False), gemm_dtype)))
     return pad_single_row_gemms(model) if batch_invariant else model

@@ -40,11 +40,12 @@ from pathlib import Path
 import torch
 
 from ..cli_args import missing_inputs_are_usage_errors, model_source, non_negative_float, positive_int
-from ..models import generate, load_model
+from ..models import load_model
 from ..models.target_tokenizer import TargetTokenizer, load_target_tokenizer
 from .corpus import read_split
 from .prompts import DOMAINS as PROMPT_DOMAINS
 from .prompts import read_prompts
+from .rollout_generation import RolloutFeatures, continuous_generate
 from .tokenizer import EOS_ID, TRAIN_DOMAINS
 
 DOMAINS = TRAIN_DOMAINS
@@ -53,12 +54,14 @@ SPLIT_SOURCES = {"train": "train", "heldout": "validation"}
 
 @dataclass
 class Rollouts:
-    """Rollouts in memory: ``prompts[i]`` and ``responses[i]`` token lists, with per-rollout metadata."""
+    """Rollouts in memory: ``prompts[i]`` and ``responses[i]`` token lists, with per-rollout metadata, and optionally
+    the target features recorded while generating them (:class:`.rollout_generation.RolloutFeatures`)."""
 
     prompts: list[list[int]]
     responses: list[list[int]]
     temperature: list[float]
     domain: list[int]
+    features: list[RolloutFeatures] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -95,25 +98,21 @@ def chat_prompts(tokenizer: TargetTokenizer, prompts_dir: Path, split: str, n: i
 
 
 def generate_rollouts(model, prompts, max_new_tokens: int, temperatures, batch_size: int, seed: int, impl=None,
-                      progress=None, eos_token_id: int | Sequence[int] = EOS_ID, first_index: int = 0) -> Rollouts:
-    """Continue every prompt with the target, cycling through ``temperatures``; stops at ``eos_token_id`` (one id or
-    several; default: the shipped target's). Prompt ``i`` counts as rollout ``first_index + i``: seed ``seed +
-    first_index + i``, temperature ``temperatures[(first_index + i) % len]``."""
-    ro = Rollouts([], [], [], [])
-    for b in range(0, len(prompts), batch_size):
-        chunk = prompts[b : b + batch_size]
-        at = first_index + b
-        temps = [temperatures[(at + i) % len(temperatures)] for i in range(len(chunk))]
-        res = generate(model, [p for p, _ in chunk], max_new_tokens, temperature=temps,
-                       seeds=[seed + at + i for i in range(len(chunk))], eos_token_id=eos_token_id, impl=impl)
-        for (p, d), t, resp in zip(chunk, temps, res.tokens):
-            ro.prompts.append(p)
-            ro.responses.append(resp)
-            ro.temperature.append(t)
-            ro.domain.append(d)
-        if progress is not None:
-            progress.update(len(chunk))
-    return ro
+                      progress=None, eos_token_id: int | Sequence[int] = EOS_ID, first_index: int = 0,
+                      feature_layers: Sequence[int] | None = None) -> Rollouts:
+    """Continue every ``(token ids, domain)`` prompt with the target, continuous-batched
+    (:func:`.rollout_generation.continuous_generate`), cycling through ``temperatures``; stops at ``eos_token_id`` (one
+    id or several; default: the shipped target's). Prompt ``i`` counts as rollout ``first_index + i``: seed ``seed +
+    first_index + i``, temperature ``temperatures[(first_index + i) % len]``. With ``feature_layers`` the result's
+    ``features`` hold the target features recorded during generation."""
+    eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    done = progress.update if progress is not None else None
+    responses, feats = continuous_generate(model, [p for p, _ in prompts], max_new_tokens, temperatures, batch_size,
+                                           seed, eos, feature_layers, first_index, impl,
+                                           on_done=(lambda _: done(1)) if done else None)
+    return Rollouts([list(p) for p, _ in prompts], responses,
+                    [float(temperatures[(first_index + i) % len(temperatures)]) for i in range(len(prompts))],
+                    [d for _, d in prompts], feats)
 
 
 def token_tensor(ids: list[int]) -> torch.Tensor:
@@ -125,7 +124,8 @@ def token_tensor(ids: list[int]) -> torch.Tensor:
 
 
 def save_rollouts(ro: Rollouts, out_dir: Path, split: str, shard_size: int = 4096, first_shard: int = 0) -> list[Path]:
-    """Write ``ro`` as shards ``<split>-<k>.safetensors`` of ``shard_size`` rollouts, ``k`` from ``first_shard``."""
+    """Write ``ro`` as shards ``<split>-<k>.safetensors`` of ``shard_size`` rollouts, ``k`` from ``first_shard``, and
+    its features, when it has them, as ``features-<split>-<k>.safetensors`` (:func:`load_rollout_features`)."""
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -141,17 +141,43 @@ def save_rollouts(ro: Rollouts, out_dir: Path, split: str, shard_size: int = 409
             "temperature": torch.tensor([ro.temperature[i] for i in idx], dtype=torch.float32),
             "domain": torch.tensor([ro.domain[i] for i in idx], dtype=torch.int8),
         }
+        if ro.features is not None:
+            feats = [ro.features[i] for i in idx]
+            save_file({
+                "features": torch.cat([f.features for f in feats]),
+                "last_hidden": torch.cat([f.last_hidden for f in feats]),
+                "logsumexp": torch.cat([f.logsumexp for f in feats]),
+                "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), (lens - 1).cumsum(0)]),
+            }, str(out_dir / f"features-{split}-{k:03d}.safetensors"))
         path = out_dir / f"{split}-{k:03d}.safetensors"
         save_file(tensors, str(path))
         paths.append(path)
     return paths
 
 
+def load_rollout_features(out_dir: Path, split: str) -> list[RolloutFeatures]:
+    """The recorded features of every rollout of one split, in rollout order (views into the shards' tensors);
+    clear error when a rollout shard has no features shard (rollouts generated without ``--feature-layers``)."""
+    from safetensors.torch import load_file
+
+    out: list[RolloutFeatures] = []
+    for shard in _shards(out_dir, split):
+        path = shard.with_name("features-" + shard.name)
+        if not path.exists():
+            raise FileNotFoundError(f"{shard} has no recorded features ({path.name} is missing): regenerate the "
+                                    f"rollouts with --feature-layers")
+        t = load_file(str(path))
+        offsets = t["offsets"].tolist()
+        for a, b in zip(offsets[:-1], offsets[1:]):
+            out.append(RolloutFeatures(t["features"][a:b], t["last_hidden"][a:b], t["logsumexp"][a:b]))
+    return out
+
+
 def load_rollouts(out_dir: Path, split: str) -> Rollouts:
     """Read every shard of one split; clear error when there is none."""
     from safetensors.torch import load_file
 
-    shards = sorted(Path(out_dir).glob(f"{split}-*.safetensors"))
+    shards = _shards(out_dir, split)
     if not shards:
         raise FileNotFoundError(f"no {split} rollouts under {out_dir}: run python -m dspark_kernels.train.rollouts")
     ro = Rollouts([], [], [], [])
@@ -182,7 +208,7 @@ def load_rollout_dirs(dirs: Sequence[Path], split: str) -> Rollouts:
 
 
 def _shards(out_dir: Path, split: str) -> list[Path]:
-    return sorted(Path(out_dir).glob(f"{split}-*.safetensors"))
+    return sorted(Path(out_dir).glob(f"{split}-[0-9]*.safetensors"))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,7 +232,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="rollouts per shard; the manifest is updated after each")
     p.add_argument("--resume", action="store_true", help="keep the split's shards in --out and generate the rest")
     p.add_argument("--seed", type=int, default=0, help="rollout i samples with seed + i")
+    p.add_argument("--feature-layers", type=int, nargs="+", default=None,
+                   help="also record the target features of these decoder layers, its last layer's output and the "
+                        "log-sum-exp of its logits while generating (features-<split>-<k>.safetensors; what "
+                        "drafter training reads instead of rerunning the target)")
     args = p.parse_args(argv)
+    if args.feature_layers is not None and len(set(args.feature_layers)) != len(args.feature_layers):
+        p.error(f"--feature-layers must be distinct, got {args.feature_layers}")
     if args.max_prompt < 16:
         p.error(f"--max-prompt must be >= 16 (prompt windows are 16..max-prompt tokens), got {args.max_prompt}")
     with missing_inputs_are_usage_errors(p):
@@ -221,10 +253,14 @@ def main(argv: list[str] | None = None) -> None:
             prompts = sample_prompts(tokenizer, args.corpus, args.split, args.num_prompts, args.max_prompt, args.seed)
             domains = list(DOMAINS)
         model = load_model(args.model)
+    layers = model.config.num_hidden_layers
+    for layer in args.feature_layers or []:
+        if not 0 <= layer < layers - 1:
+            p.error(f"--feature-layers: {layer} is not a decoder layer in [0, {layers - 1}) of {args.model}")
     old = _shards(args.out, args.split)
     done = len(old) if args.resume else 0
     if not args.resume:
-        for path in old:
+        for path in old + sorted(args.out.glob(f"features-{args.split}-*.safetensors")):
             path.unlink()
     manifest_path = args.out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -239,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
             first = k * args.shard_size
             ro = generate_rollouts(model, prompts[first:first + args.shard_size], args.max_new_tokens,
                                    args.temperatures, args.batch_size, args.seed, progress=bar, eos_token_id=eos,
-                                   first_index=first)
+                                   first_index=first, feature_layers=args.feature_layers)
             save_rollouts(ro, args.out, args.split, args.shard_size, first_shard=k)
             seconds += time.time() - t0
             n_resp += sum(len(r) for r in ro.responses)
@@ -250,6 +286,7 @@ def main(argv: list[str] | None = None) -> None:
                 "requested": len(prompts), "complete": first + args.shard_size >= len(prompts),
                 "response_tokens": n_resp, "prompt_tokens": n_prompt, "temperatures": args.temperatures,
                 "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size, "seed": args.seed,
+                "feature_layers": args.feature_layers,
                 "seconds": round(seconds, 1), "response_tokens_per_s": round(n_resp / max(seconds, 1e-9), 1),
                 "shards": [q.name for q in _shards(args.out, args.split)],
             }
