@@ -4,7 +4,7 @@ first two tokens jointly."""
 import torch
 from scipy.stats import chisquare
 
-from dspark_kernels.train.drafter_data import target_outputs
+from dspark_kernels.train.drafter_data import forward_outputs, target_logits
 
 
 def exact_marginals(target, prompt: list[int], steps: int, temperature: float,
@@ -17,7 +17,7 @@ def exact_marginals(target, prompt: list[int], steps: int, temperature: float,
     for step in range(steps):
         items = list(prefixes.items())
         seqs = [prompt + list(p) for p, _ in items]
-        _, logits, _ = target_outputs(target, seqs, (0,))
+        logits = target_logits(target, forward_outputs(target, seqs, (0,)).last_hidden)
         last = logits[torch.arange(len(seqs)), torch.tensor([len(s) - 1 for s in seqs])]
         probs = torch.softmax(last / temperature, dim=-1).double()
         marginal = torch.zeros(probs.shape[-1], dtype=torch.float64)

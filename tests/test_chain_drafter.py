@@ -16,7 +16,7 @@ from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
 from dspark_kernels.train.chain_drafter import chain_loss, make_chain_batch
-from dspark_kernels.train.drafter_data import target_outputs
+from dspark_kernels.train.drafter_data import forward_outputs
 from dspark_kernels.train.rollouts import Rollouts
 from tests.lossless import assert_follows_target
 from tests.tiny_models import save_tiny_qwen3
@@ -70,7 +70,8 @@ def test_cached_chain_matches_full_recompute_and_rolls_back(target):
     gamma = 4
     feats, tokens = [], []
     for s in seqs:
-        f, _, t = target_outputs(target, [s], drafter.feature_layers)
+        out = forward_outputs(target, [s], drafter.feature_layers)
+        f, t = out.features, out.tokens
         feats.append(f[0])
         tokens.append(t[0])
     state = drafter.new_state(16, 4)
@@ -117,7 +118,8 @@ def test_context_in_the_first_step_equals_extend_first(target, before):
     seqs = [[random.randrange(4, VOCAB) for _ in range(18)], [random.randrange(4, VOCAB) for _ in range(13)]]
     feats, tokens = [], []
     for seq in seqs:
-        f, _, t = target_outputs(target, [seq], drafter.feature_layers)
+        out = forward_outputs(target, [seq], drafter.feature_layers)
+        f, t = out.features, out.tokens
         feats.append(f[0])
         tokens.append(t[0])
 

@@ -14,7 +14,7 @@ from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.drafter import BlockDrafter, DrafterConfig, load_block_drafter
 from dspark_kernels.train.drafter import drafter_loss
-from dspark_kernels.train.drafter_data import make_batch, target_outputs
+from dspark_kernels.train.drafter_data import forward_outputs, make_batch
 from dspark_kernels.train.rollouts import Rollouts
 from tests.lossless import assert_follows_target
 from tests.tiny_models import save_tiny_qwen3
@@ -74,7 +74,8 @@ def trained(target):
 def test_training_forward_matches_inference(target, kind, rank):
     drafter = make_drafter(target, kind, rank)
     seq = [random.randrange(4, VOCAB) for _ in range(20)]
-    features, _, tokens = target_outputs(target, [seq], drafter.feature_layers)
+    out = forward_outputs(target, [seq], drafter.feature_layers)
+    features, tokens = out.features, out.tokens
     gamma, anchors = 5, torch.tensor([[6, 11, 19]])
     base_t, hid_t = drafter.forward_train(features, tokens, anchors, gamma)
     for a_idx, p in enumerate(anchors[0].tolist()):
@@ -92,7 +93,7 @@ def test_propose_takes_context_in_its_pass(target, impl):
     proposal equal ``extend_context`` then ``propose``, ragged, with a request that has no new tokens this round."""
     drafter = make_drafter(target)
     seqs = [[random.randrange(4, VOCAB) for _ in range(n)] for n in (10, 7, 13)]
-    feats = [target_outputs(target, [s], drafter.feature_layers)[0][0] for s in seqs]
+    feats = [forward_outputs(target, [s], drafter.feature_layers).features[0] for s in seqs]
     first, new = [6, 5, 4], [2, 0, 7]  # tokens extended before, tokens handed over with the draft
     anchors = torch.tensor([s[a + b] for s, a, b in zip(seqs, first, new)])
 

@@ -138,9 +138,10 @@ def test_chat_rollouts_go_through_the_template_and_resume_exactly(chat_target, t
               "--batch-size", "2", "--shard-size", "3", "--temperatures", "1.0", "0"]
     rollouts.main([*common, "--out", str(tmp_path / "whole")])
     ro = load_rollouts(tmp_path / "whole", "train")
-    assert len(ro) == 7 and ro.domain == [0, 0, 0, 1, 1, 2, 2] and ro.temperature == [1.0, 0.0] * 3 + [1.0]
+    # domains interleaved, so a run stopped early is balanced
+    assert len(ro) == 7 and ro.domain == [0, 1, 2, 0, 1, 2, 0] and ro.temperature == [1.0, 0.0] * 3 + [1.0]
     tok = load_target_tokenizer(model)
-    assert ro.prompts[3] == tok.encode_chat([{"role": "user", "content": "math train question 0"}])
+    assert ro.prompts[1] == tok.encode_chat([{"role": "user", "content": "math train question 0"}])
     rollouts.main([*common, "--out", str(tmp_path / "resumed")])
     (tmp_path / "resumed" / "train-002.safetensors").unlink()  # as if stopped after two shards
     rollouts.main([*common, "--out", str(tmp_path / "resumed"), "--resume"])
@@ -153,3 +154,36 @@ def test_chat_rollouts_go_through_the_template_and_resume_exactly(chat_target, t
     assert manifest["response_tokens_per_s"] > 0
     with pytest.raises(SystemExit):
         rollouts.main([*common[:5], "--num-prompts", "13", "--out", str(tmp_path / "x")])
+
+
+def test_recorded_features_equal_a_forward_over_the_finished_rollouts(chat_target, tmp_path):
+    """``--feature-layers``: the features, last-layer outputs and log-sum-exps recorded while generating (continuous
+    batching, prefill rows mixed with decode rows) equal one target forward over each finished rollout."""
+    from dspark_kernels.models import load_model
+    from dspark_kernels.train import rollouts
+    from dspark_kernels.train.drafter_data import forward_outputs, rollout_outputs, target_logits
+
+    model_dir, prompts = chat_target
+    rollouts.main(["--model", str(model_dir), "--prompts", str(prompts), "--num-prompts", "5", "--max-new-tokens",
+                   "6", "--batch-size", "2", "--shard-size", "3", "--temperatures", "1.0", "0",
+                   "--feature-layers", "0", "--out", str(tmp_path)])
+    ro = load_rollout_dirs([tmp_path], "train", features=True)
+    assert ro.feature_layers == (0,) and len(ro.features) == len(ro) == 5
+    assert load_rollout_dirs([tmp_path], "train").features is None  # only when asked for
+    target = load_model(model_dir)
+    for i in range(len(ro)):
+        seq = ro.prompts[i] + ro.responses[i]
+        rec = ro.features[i]
+        assert rec.features.dtype == torch.bfloat16 and rec.features.shape[0] == len(seq) - 1
+        ref = forward_outputs(target, [seq], (0,))
+        torch.testing.assert_close(rec.features.float(), ref.features[0, :-1], rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(rec.last_hidden, ref.last_hidden[0, :-1], rtol=1e-4, atol=1e-4)
+        lse = torch.logsumexp(target_logits(target, ref.last_hidden[0, :-1]), dim=-1)
+        p = len(ro.prompts[i])
+        torch.testing.assert_close(rec.logsumexp[p - 1:], lse[p - 1:], rtol=1e-4, atol=1e-4)
+        assert bool(rec.logsumexp[: p - 1].isnan().all())
+    out = rollout_outputs(target, ro, [0, 3], (0,))  # the batch a trainer builds reads the recorded rows
+    assert torch.equal(out.features[0, : ro.features[0].features.shape[0]], ro.features[0].features.float())
+    with pytest.raises(SystemExit):  # a layer the target does not have
+        rollouts.main(["--model", str(model_dir), "--prompts", str(prompts), "--num-prompts", "3",
+                       "--feature-layers", "99", "--out", str(tmp_path / "bad")])

@@ -1,6 +1,7 @@
 """Train a chain drafter (EAGLE-style, ``--name eagle``) or MTP-1 (``--name mtp1``) on target rollouts.
 
-Teacher forcing over whole rollouts (the target runs once per batch through ``target_outputs``): step 1 at position
+Teacher forcing over whole rollouts (the target's outputs come from :func:`.drafter_data.rollout_outputs`: recorded
+with the rollouts, or one target forward per batch): step 1 at position
 ``t`` sees ``(f_t, x_{t+1})`` and predicts ``x_{t+2}``; EAGLE also unrolls ``--steps-unroll - 1`` more steps whose
 feature input is the drafter's own previous output hidden (training-time test, see
 :meth:`~dspark_kernels.models.chain_drafter.ChainDrafter.forward_train`). Step ``k`` at position ``t`` belongs to the
@@ -32,30 +33,15 @@ import torch.nn.functional as F
 from ..cli_args import non_negative_float, non_negative_int
 from ..models import CausalLM, load_model
 from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
-from .drafter_data import target_outputs
+from .drafter_data import TargetOutputs, rollout_outputs, target_logits
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import Rollouts, load_rollout_dirs
 
 DEFAULT_STEPS = {"eagle": 4, "mtp1": 1}
 
 
-@dataclass
-class ChainBatch:
-    """Padded to ``L``: features [B, L, hidden]; tokens [B, L]; target_logits [B, L, V] fp32; lens [B];
-    prompt_lens [B]."""
-
-    features: torch.Tensor
-    tokens: torch.Tensor
-    target_logits: torch.Tensor
-    lens: torch.Tensor
-    prompt_lens: torch.Tensor
-
-
-def make_chain_batch(target: CausalLM, rollouts: Rollouts, indices: list[int], feature_layer: int) -> ChainBatch:
-    seqs = [rollouts.prompts[i] + rollouts.responses[i] for i in indices]
-    features, logits, tokens = target_outputs(target, seqs, (feature_layer,))
-    return ChainBatch(features, tokens, logits, torch.tensor([len(s) for s in seqs]),
-                      torch.tensor([len(rollouts.prompts[i]) for i in indices]))
+def make_chain_batch(target: CausalLM, rollouts: Rollouts, indices: list[int], feature_layer: int) -> TargetOutputs:
+    return rollout_outputs(target, rollouts, indices, (feature_layer,))
 
 
 @dataclass
@@ -66,7 +52,7 @@ class LossParts:
     per_step_l1: list[float]
 
 
-def chain_loss(drafter: ChainDrafter, batch: ChainBatch, steps: int, weights: tuple[float, float] = (0.1, 0.9),
+def chain_loss(drafter: ChainDrafter, batch: TargetOutputs, steps: int, weights: tuple[float, float] = (0.1, 0.9),
                decay: float = 4.0, positions: int = 0, generator: torch.Generator | None = None) -> LossParts:
     """The position-weighted CE + L1 loss of ``steps`` unrolled chain steps (see module docstring).
 
@@ -88,7 +74,8 @@ def chain_loss(drafter: ChainDrafter, batch: ChainBatch, steps: int, weights: tu
     valid = (anchor >= batch.prompt_lens[:, None, None]) & (t[:, None, :] + 2 < batch.lens[:, None, None])
     labels = batch.tokens.gather(1, (t + 2).clamp(max=seq_len - 1))  # [B, P]
     tgt_rows = (t + 1).clamp(max=seq_len - 1)
-    tgt = F.softmax(batch.target_logits.gather(1, tgt_rows[..., None].expand(-1, -1, logits.shape[-1])), dim=-1)
+    rows = batch.last_hidden.gather(1, tgt_rows[..., None].expand(-1, -1, batch.last_hidden.shape[-1]))
+    tgt = F.softmax(target_logits(drafter.target, rows), dim=-1)
     w = torch.exp(-(k.float() - 1) / decay)[None, :, None] * valid
     denom = w.sum().clamp_min(1e-8)
     log_pd = F.log_softmax(logits, dim=-1)
@@ -105,7 +92,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
-    rollouts = load_rollout_dirs(args.rollouts, "train")
+    rollouts = load_rollout_dirs(args.rollouts, "train", features=True)
     check_batch_size(args.batch_size, len(rollouts), args.rollouts)
     if args.ce_weight + args.tv_weight == 0:
         raise SystemExit("error: --ce-weight and --tv-weight are both 0: the loss would be 0 and nothing trained")

@@ -75,7 +75,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
-    rollouts = load_rollout_dirs(args.rollouts, "train")
+    rollouts = load_rollout_dirs(args.rollouts, "train", features=True)
     check_batch_size(args.batch_size, len(rollouts), args.rollouts)
     cfg = DrafterConfig(
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,

@@ -10,7 +10,7 @@ tokens do not depend on what it is batched with, up to the float rounding of bat
 
 With ``feature_layers`` the forwards also return, for every position ``p`` of a rollout but its last (``seq_len - 1``
 rows: a drafter never needs the last token's features or distribution), the features of
-:class:`RolloutFeatures`. They are exactly what :func:`dspark_kernels.train.drafter_data.target_outputs` would
+:class:`RolloutFeatures`. They are exactly what :func:`dspark_kernels.train.drafter_data.forward_outputs` would
 recompute with a separate forward over the finished sequence (up to rounding), at no extra target compute.
 """
 

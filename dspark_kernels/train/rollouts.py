@@ -62,6 +62,7 @@ class Rollouts:
     temperature: list[float]
     domain: list[int]
     features: list[RolloutFeatures] | None = None
+    feature_layers: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -84,17 +85,19 @@ def sample_prompts(tokenizer: TargetTokenizer, corpus_dir: Path, split: str, n: 
 
 
 def chat_prompts(tokenizer: TargetTokenizer, prompts_dir: Path, split: str, n: int) -> list[tuple[list[int], int]]:
-    """``n`` chat prompts split evenly over the prompt set's domains (the first ones of each domain's file): (token
-    ids of the user message rendered through the chat template, index into :data:`PROMPT_DOMAINS`)."""
-    out = []
+    """``n`` chat prompts split evenly over the prompt set's domains (the first ones of each domain's file), the
+    domains interleaved (code, math, chat, code, ...) so that every prefix of a long run, e.g. one stopped early, is
+    balanced: (token ids of the user message rendered through the chat template, index into :data:`PROMPT_DOMAINS`)."""
+    per_domain = []
     for d_idx, domain in enumerate(PROMPT_DOMAINS):
         want = n // len(PROMPT_DOMAINS) + (d_idx < n % len(PROMPT_DOMAINS))
         records = read_prompts(prompts_dir, domain, split)
         if len(records) < want:
             raise ValueError(f"--num-prompts {n}: the {split} prompts of {domain} under {prompts_dir} hold "
                              f"{len(records)}, {want} needed")
-        out += [(tokenizer.encode_chat([{"role": "user", "content": r["prompt"]}]), d_idx) for r in records[:want]]
-    return out
+        per_domain.append([(tokenizer.encode_chat([{"role": "user", "content": r["prompt"]}]), d_idx)
+                           for r in records[:want]])
+    return [group[k] for k in range(len(per_domain[0])) for group in per_domain if k < len(group)]
 
 
 def generate_rollouts(model, prompts, max_new_tokens: int, temperatures, batch_size: int, seed: int, impl=None,
@@ -112,7 +115,8 @@ def generate_rollouts(model, prompts, max_new_tokens: int, temperatures, batch_s
                                            on_done=(lambda _: done(1)) if done else None)
     return Rollouts([list(p) for p, _ in prompts], responses,
                     [float(temperatures[(first_index + i) % len(temperatures)]) for i in range(len(prompts))],
-                    [d for _, d in prompts], feats)
+                    [d for _, d in prompts], feats,
+                    tuple(feature_layers) if feature_layers is not None else None)
 
 
 def token_tensor(ids: list[int]) -> torch.Tensor:
@@ -193,18 +197,34 @@ def load_rollouts(out_dir: Path, split: str) -> Rollouts:
     return ro
 
 
-def load_rollout_dirs(dirs: Sequence[Path], split: str) -> Rollouts:
+def load_rollout_dirs(dirs: Sequence[Path], split: str, features: bool = False) -> Rollouts:
     """The rollouts of ``split`` under every directory of ``dirs``, pooled in the order given (e.g. the sampled and
     the greedy rollouts of two runs of this CLI with different ``--temperatures`` and ``--out``); each directory must
-    hold some (:func:`load_rollouts`)."""
+    hold some (:func:`load_rollouts`). ``features``: also load the recorded target features
+    (:func:`load_rollout_features`) when every directory's manifest records the same ``feature_layers`` for the split;
+    otherwise the result has none (drafter training then recomputes them with the target)."""
     pooled = Rollouts([], [], [], [])
+    layers = {_recorded_layers(d, split) for d in dirs} if features else {None}
+    keep = len(layers) == 1 and None not in layers
+    if keep:
+        pooled.features, pooled.feature_layers = [], tuple(layers.pop())
     for out_dir in dirs:
         part = load_rollouts(out_dir, split)
         pooled.prompts += part.prompts
         pooled.responses += part.responses
         pooled.temperature += part.temperature
         pooled.domain += part.domain
+        if keep:
+            pooled.features += load_rollout_features(out_dir, split)
     return pooled
+
+
+def _recorded_layers(out_dir: Path, split: str) -> tuple[int, ...] | None:
+    manifest = Path(out_dir) / "manifest.json"
+    if not manifest.exists():
+        return None
+    layers = json.loads(manifest.read_text()).get(split, {}).get("feature_layers")
+    return tuple(layers) if layers else None
 
 
 def _shards(out_dir: Path, split: str) -> list[Path]:
@@ -255,8 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         model = load_model(args.model)
     layers = model.config.num_hidden_layers
     for layer in args.feature_layers or []:
-        if not 0 <= layer < layers - 1:
-            p.error(f"--feature-layers: {layer} is not a decoder layer in [0, {layers - 1}) of {args.model}")
+        if not 0 <= layer < layers:
+            p.error(f"--feature-layers: {layer} is not a decoder layer in [0, {layers}) of {args.model}")
     old = _shards(args.out, args.split)
     done = len(old) if args.resume else 0
     if not args.resume:
