@@ -30,9 +30,9 @@ from ..reference.batch_invariant_attention import BatchInvariantPlan
 from .config import ModelConfig
 from .fused_linear import FusedLinear, fuse_projections
 from .gemm_dtype import cast_gemm_weights, pad_single_row_gemms
-from .weight_layout import column_major_weights
 from .kv_cache import PagedKVCache
 from .sources import load_weights
+from .weight_layout import column_major_weights
 
 __all__ = ["CausalLM", "ForwardOutput", "load_model", "RMSNorm"]
 
@@ -357,11 +357,12 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
     that dtype instead, running weight-only low-precision GEMMs (:mod:`.gemm_dtype`; the LM head gets its own copy
     when tied to the embedding). fp32 CPU linear weights are stored column-major, the layout of fast few-row GEMMs
     there (:mod:`.weight_layout`; a tied LM head gets its own copy). The q/k/v and gate/up projections are fused for
-    inference (:mod:`.fused_linear`); the state dict keeps the checkpoint's names. ``batch_invariant``: batch-invariant attention
-    (``plan_verify_attention(..., batch_invariant=True)``: :mod:`reference.batch_invariant_attention` on the CPU, one
-    pinned launch config for the Triton kernel), so a token's logits do not depend on how many tokens or requests share
-    its forward, and GEMMs whose rows do not depend on the row count (:func:`.gemm_dtype.pad_single_row_gemms`):
-    greedy speculative decoding then reproduces greedy AR decoding bit for bit (slower attention on the CPU; sets
+    inference (:mod:`.fused_linear`); the state dict keeps the checkpoint's names. ``batch_invariant``:
+    batch-invariant attention (``plan_verify_attention(..., batch_invariant=True)``:
+    :mod:`reference.batch_invariant_attention` on the CPU, one pinned launch config for the Triton kernel), so a
+    token's logits do not depend on how many tokens or requests share its forward, and GEMMs whose rows do not
+    depend on the row count (:func:`.gemm_dtype.pad_single_row_gemms`): greedy speculative decoding then reproduces
+    greedy AR decoding bit for bit (slower attention on the CPU; sets
     :attr:`CausalLM.batch_invariant`)."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.bfloat16), got {dtype!r}")
