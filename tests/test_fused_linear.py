@@ -133,3 +133,33 @@ def test_kept_qk_norm_weights_follow_updates(target_dir):
     torch.testing.assert_close(forward_logits(model, ids), forward_logits(unfused_copy(model), ids), **tol)
     attn.q_norm.weight = nn.Parameter(attn.q_norm.weight * 0.5, requires_grad=False)
     torch.testing.assert_close(forward_logits(model, ids), forward_logits(unfused_copy(model), ids), **tol)
+
+
+def test_column_major_weights_keep_values_and_row_count_invariance():
+    """:func:`column_major_weights` changes only the memory order (same shape, values, names; fused parts stay
+    column-major), a tied LM head gets its own copy, and from two rows on a row's output bits do not depend on how
+    many rows share the GEMM (what batch-invariant decoding relies on)."""
+    import torch.nn.functional as F
+
+    from dspark_kernels.models.weight_layout import column_major_weights, is_column_major
+
+    torch.manual_seed(0)
+    emb = nn.Embedding(300, 64)
+    head = nn.Linear(64, 300, bias=False)
+    head.weight = emb.weight
+    model = nn.ModuleDict({"emb": emb, "head": head, "proj": nn.Linear(64, 96)})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    column_major_weights(model)
+    after = model.state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
+    assert is_column_major(model["head"].weight) and is_column_major(model["proj"].weight)
+    assert model["emb"].weight.is_contiguous() and model["head"].weight is not model["emb"].weight
+    fused = FusedLinear([nn.Linear(64, 32, bias=False), nn.Linear(64, 16, bias=False)])
+    assert not is_column_major(fused.weight)
+    parts = column_major_weights(nn.ModuleList([nn.Linear(64, 32, bias=False), nn.Linear(64, 16, bias=False)]))
+    assert is_column_major(FusedLinear(list(parts)).weight)
+    x = torch.randn(40, 64)
+    w = model["proj"].weight
+    full = F.linear(x, w)
+    for rows in (2, 3, 8, 17, 33):
+        assert torch.equal(F.linear(x[:rows], w), full[:rows])
