@@ -14,7 +14,7 @@ By default the drafters draft an adaptive number of tokens per round (``--draft-
 :class:`AdaptiveDraftLength` picks each round's length from the acceptance so far, down to plain decode steps where
 drafting does not pay; ``--draft-length fixed`` drafts ``--gamma`` (default 7) every round. tau counts every target
 forward after the prefill (a plain step emits one token). ``--json`` writes the
-settings, ``model``, ``drafters``, ``commit``, ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt
+settings, ``model``, ``drafters``, ``device`` (with the git commit), ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt
 alone), one row per method with ``method``, ``domain``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
 """
 
@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from .bench import device_record
 from .cli_args import model_source
 from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
@@ -69,18 +70,6 @@ def _run_spec(target, drafter, prompt, args, eos, schedule=None, on_tokens=None)
     return speculative_generate(target, drafter, [prompt], args.max_new_tokens, args.gamma,
                                 temperature=args.temperature, seeds=[args.seed], eos_token_id=eos,
                                 impl=args.impl, on_tokens=on_tokens, draft_length=schedule)
-
-
-def _commit() -> str | None:
-    """The git commit of the package's checkout, or ``None`` outside one."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def _zero_totals(methods) -> dict:
@@ -225,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{d:8s} {r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
     costs = {name: vars(sched.costs) for name, sched in schedules.items() if sched is not None}
     out = {"model": str(args.model), "drafters": {name: str(path) for name, path in drafter_paths.items()},
-           "commit": _commit(), "settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
+           "device": device_record(), "settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
                         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "drafter_gemm_dtype": args.drafter_gemm_dtype,

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_kernels.demo import ASSETS
+from dspark_kernels.bench import ASSETS
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
 from dspark_kernels.engine.speculative import speculative_generate

@@ -34,15 +34,44 @@ def test_merge_rejects_different_settings(tmp_path):
         acceptance.merge([a, b])
 
 
-@pytest.mark.parametrize("argv", [["--num-prompts", "0"], ["--max-new-tokens", "0"], ["--prompt-len", "-3"],
-                                  ["--domains", "bogus"]])
-def test_bad_options_are_usage_errors(argv, monkeypatch, capsys):
+@pytest.mark.parametrize("argv,message", [
+    (["--num-prompts", "0"], "argument --num-prompts"), (["--max-new-tokens", "0"], "argument --max-new-tokens"),
+    (["--prompt-len", "-3"], "argument --prompt-len"), (["--domains", "bogus"], "--domains ['bogus']"),
+    (["--gammas", "0"], "--gammas must lie in"), (["--gammas", "7", "99"], "--gammas must lie in"),
+    (["--temperatures", "0", "nan"], "--temperatures must be finite"), (["--temperatures", "-1"], "--temperatures"),
+    (["--prompt-len", "100000"], "--prompt-len must be <= 2048"), (["--seed", "-1"], "--seed must be in"),
+    (["--drafters", "nope"], "no such drafter"), (["--prompts", "missing.json"], "does not exist")])
+def test_bad_options_are_usage_errors_before_any_model_loads(argv, message, monkeypatch, capsys):
     from dspark_kernels.bench import __main__ as bench_main
 
     monkeypatch.setattr("sys.argv", ["bench", "acceptance", *argv])
-    with pytest.raises(SystemExit):
+    monkeypatch.setattr(acceptance, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as exc:
         bench_main.main()
-    assert "error: argument" in capsys.readouterr().err
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content,message", [("not json", "not a readable JSON file"), ("[]", "non-empty JSON list"),
+                                             ('[{"id": 1}]', "entry 0"), ('[{"id": 1, "prompt": ""}]', "entry 0")])
+def test_a_corrupt_prompts_file_is_a_usage_error(tmp_path, content, message, monkeypatch, capsys):
+    from dspark_kernels.bench import __main__ as bench_main
+
+    bad = tmp_path / "prompts.json"
+    bad.write_text(content)
+    monkeypatch.setattr("sys.argv", ["bench", "acceptance", "--prompts", str(bad)])
+    with pytest.raises(SystemExit) as exc:
+        bench_main.main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_prompts_file_is_chat_templated(tmp_path, smollm2_gguf):
+    from dspark_kernels.models.target_tokenizer import load_target_tokenizer
+
+    path = tmp_path / "prompts.json"
+    path.write_text(json.dumps([{"id": "a", "prompt": "Say hi."}, {"id": "b", "prompt": "What is 2 + 2?"}]))
+    tok = load_target_tokenizer(smollm2_gguf)
+    sets = acceptance.chat_benchmark_prompts(tok, path, ["code"], 1)
+    assert list(sets) == ["custom"] and sets["custom"] == [tok.encode_chat([{"role": "user", "content": "Say hi."}])]
 
 
 def test_prompt_length_beyond_every_document_is_a_clear_error(tmp_path):

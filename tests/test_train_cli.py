@@ -154,7 +154,7 @@ def test_missing_inputs_are_usage_errors(setup, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["bench", "acceptance", "--drafter-dir", missing, "--num-prompts", "1"])
     with pytest.raises(SystemExit) as exc:
         bench_main()
-    assert exc.value.code == 2 and "drafter checkpoint file missing" in capsys.readouterr().err
+    assert exc.value.code == 2 and "no such drafter under" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name,cli,extra", [

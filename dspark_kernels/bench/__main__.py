@@ -9,11 +9,14 @@ from . import acceptance, ceiling, peers, serving
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m dspark_kernels.bench", description=__doc__)
     sub = parser.add_subparsers(dest="name", required=True)
-    acceptance.add_arguments(sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0]))
+    acceptance_parser = sub.add_parser("acceptance", help=acceptance.__doc__.split("\n")[0])
+    acceptance.add_arguments(acceptance_parser)
     serving.add_arguments(sub.add_parser("serving", help=serving.__doc__.split("\n")[0]))
     peers.add_arguments(sub.add_parser("peers", help=peers.__doc__.split("\n")[0]))
     ceiling.add_arguments(sub.add_parser("ceiling", help=ceiling.__doc__.split("\n")[0]))
     args = parser.parse_args()
+    if args.name == "acceptance":
+        acceptance.check_arguments(acceptance_parser, args)
     mains = {"acceptance": acceptance.main, "serving": serving.main, "peers": peers.main, "ceiling": ceiling.main}
     with missing_inputs_are_usage_errors(parser):
         mains[args.name](args)

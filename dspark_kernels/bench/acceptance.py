@@ -7,11 +7,16 @@ speculatively (full gamma verified every round, no scheduler) and the verifier's
 * ``acceptance_by_position[j]``: conditional acceptance P(draft j+1 accepted | drafts 1..j accepted);
 * ``accept_hist[a]``: rounds that accepted exactly ``a`` drafts.
 
-Prompts are windows of the corpus's *test* split (never training text, and not the validation text used for
-calibration rollouts). MTP-1 verifies one draft by construction, so it runs at gamma 1 only.
+Prompts are either chat prompts (``--prompts``: a prompt-set directory of ``python -m
+dspark_kernels.train.prompts``, whose *held-out* prompts of each domain are used, or a JSON file holding a list of
+``{"id", "prompt"}`` user messages, domain ``custom``), each rendered through the target's chat template; or, without
+``--prompts``, windows of the corpus's *test* split (never training text, and not the validation text used for
+calibration rollouts). MTP-1 verifies one draft by construction, so it runs at gamma 1 only. Every value is checked
+before any model loads.
 
 CLI: ``python -m dspark_kernels.bench acceptance --json results/acceptance.json`` (also writes ``.md`` and ``.png``
-next to it).
+next to it); on SmolLM2: ``python -m dspark_kernels.bench acceptance --model smollm2-135m-instruct --prompts
+data/prompts --json results/acceptance_smollm2.json``.
 """
 
 from __future__ import annotations
@@ -27,8 +32,12 @@ from ..engine.speculative import speculative_generate
 from ..models import load_model
 from ..models.drafter_api import load_drafter
 from ..models.target_tokenizer import TargetTokenizer, load_target_tokenizer
+from ..models.drafter import MAX_GAMMA
+from ..models.registry import REGISTRY
 from ..train.corpus import read_split
-from . import ASSETS, DRAFTERS, device_record
+from ..train.prompts import DOMAINS as PROMPT_DOMAINS
+from ..train.prompts import read_prompts
+from . import DRAFTERS, device_record
 
 DOMAIN_SPLITS = {"code": "test", "prose": "test", "heldout": "test"}
 
@@ -51,16 +60,48 @@ def benchmark_prompts(tokenizer: TargetTokenizer, corpus_dir: Path, domain: str,
     return prompts
 
 
+def chat_benchmark_prompts(tokenizer: TargetTokenizer, source: Path, domains: list[str],
+                           n: int) -> dict[str, list[list[int]]]:
+    """Per domain, the first ``n`` chat prompts of ``source`` rendered through the chat template: the held-out prompts
+    of a prompt-set directory (``domains`` of it), or the user messages of a JSON file (domain ``custom``)."""
+    if source.is_dir():
+        records = {d: read_prompts(source, d, "heldout")[:n] for d in domains}
+    else:
+        records = {"custom": read_prompt_file(source)[:n]}
+    return {d: [tokenizer.encode_chat([{"role": "user", "content": r["prompt"]}]) for r in recs]
+            for d, recs in records.items()}
+
+
+def read_prompt_file(path: Path) -> list[dict]:
+    """A JSON list of ``{"id", "prompt"}`` objects (``prompt`` a non-empty string); ValueError naming what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--prompts {path}: not a readable JSON file: {e}") from None
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"--prompts {path}: expected a non-empty JSON list of {{\"id\", \"prompt\"}} objects")
+    for k, rec in enumerate(data):
+        if not isinstance(rec, dict) or "id" not in rec or not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
+            raise ValueError(f"--prompts {path}: entry {k} is not an object with an \"id\" and a non-empty "
+                             f"\"prompt\" string")
+    return data
+
+
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model)
     tokenizer = load_target_tokenizer(args.model)
+    if args.prompts is not None:
+        if tokenizer.chat_template is None:
+            raise ValueError(f"--prompts: {args.model} has no chat template to render chat prompts with")
+        prompt_sets = chat_benchmark_prompts(tokenizer, args.prompts, args.domains, args.num_prompts)
+    else:
+        prompt_sets = {d: benchmark_prompts(tokenizer, Path(args.corpus), d, args.num_prompts, args.prompt_len,
+                                            args.seed) for d in args.domains}
     results = []
     for name in args.drafters:
         drafter = load_drafter(Path(args.drafter_dir) / name, target)
         gammas = [1] if name == "mtp1" else args.gammas
-        for domain in args.domains:
-            prompts = benchmark_prompts(tokenizer, Path(args.corpus), domain, args.num_prompts, args.prompt_len,
-                                        args.seed)
+        for domain, prompts in prompt_sets.items():
             for temperature in args.temperatures:
                 for gamma in gammas:
                     t0 = time.perf_counter()
@@ -77,7 +118,8 @@ def run(args: argparse.Namespace) -> dict:
                           f"rounds={res.rounds}", flush=True)
     return {"benchmark": "acceptance", "device": device_record(), "settings": {
         "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed, "model": str(args.model)}, "results": results}
+        "seed": args.seed, "model": str(args.model), "drafter_dir": str(args.drafter_dir),
+        "prompts": str(args.prompts) if args.prompts is not None else f"corpus:{args.corpus}"}, "results": results}
 
 
 def summary_table(data: dict) -> str:
@@ -128,19 +170,81 @@ def plot(data: dict, path: Path) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
-    p.add_argument("--drafters", nargs="+", default=list(DRAFTERS))
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--domains", nargs="+", choices=list(DOMAIN_SPLITS), default=list(DOMAIN_SPLITS))
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
-    p.add_argument("--gammas", type=int, nargs="+", default=[7, 15])
-    p.add_argument("--num-prompts", type=positive_int, default=16)
-    p.add_argument("--prompt-len", type=positive_int, default=64)
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=Path("results/acceptance.json"))
+    p.add_argument("--drafter-dir", type=Path, default=None,
+                   help="directory holding one subdirectory per drafter (default: the drafters shipped for --model)")
+    p.add_argument("--drafters", nargs="+", default=None,
+                   help=f"drafter subdirectories to benchmark (default: those of {', '.join(DRAFTERS)} present)")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="chat prompts: a prompt-set directory (its held-out prompts) or a JSON list of {id, prompt}; "
+                        "default: windows of --corpus")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                   help="corpus whose test split gives the prompt windows without --prompts (built there when it "
+                        "is missing, if the directory does not exist yet)")
+    p.add_argument("--domains", nargs="+", default=None,
+                   help=f"domains (default: {', '.join(DOMAIN_SPLITS)} for corpus windows, "
+                        f"{', '.join(PROMPT_DOMAINS)} for a prompt set)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="sampling temperatures (>= 0)")
+    p.add_argument("--gammas", type=int, nargs="+", default=[7, 15], help=f"block sizes, 1..{MAX_GAMMA}")
+    p.add_argument("--num-prompts", type=positive_int, default=16, help="prompts per domain")
+    p.add_argument("--prompt-len", type=positive_int, default=64, help="tokens per corpus window (<= 2048)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="most new tokens per prompt (<= 4096)")
+    p.add_argument("--seed", type=int, default=0, help="prompt-window and sampling seed, 0..2**31 - 1")
+    p.add_argument("--json", type=Path, default=Path("results/acceptance.json"),
+                   help="result JSON (the .md table and .png plot are written next to it)")
     p.add_argument("--merge", type=Path, nargs="+", default=None,
                    help="do not run: combine these result JSONs (e.g. drafters split over processes) into --json")
+
+
+def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors for values argparse accepts but the run would fail on (before any model loads); resolves the
+    defaults of ``--drafter-dir`` and ``--domains``."""
+    import math
+
+    bad_t = [t for t in args.temperatures if not (math.isfinite(t) and t >= 0)]
+    if bad_t:
+        p.error(f"--temperatures must be finite and >= 0, got {bad_t}")
+    bad_g = [g for g in args.gammas if not 1 <= g <= MAX_GAMMA]
+    if bad_g:
+        p.error(f"--gammas must lie in 1..{MAX_GAMMA}, got {bad_g}")
+    if args.prompt_len > 2048:
+        p.error(f"--prompt-len must be <= 2048, got {args.prompt_len}")
+    if args.max_new_tokens > 4096:
+        p.error(f"--max-new-tokens must be <= 4096, got {args.max_new_tokens}")
+    if not 0 <= args.seed < 2**31:
+        p.error(f"--seed must be in 0..2**31 - 1, got {args.seed}")
+    if args.merge:
+        return
+    if args.drafter_dir is None:
+        spec = REGISTRY.get(args.model) if isinstance(args.model, str) else None
+        if spec is None or spec.drafters is None:
+            p.error(f"--drafter-dir is required: no drafters are shipped for --model {args.model}")
+        args.drafter_dir = spec.drafters
+    if args.drafters is None:
+        args.drafters = [d for d in DRAFTERS if (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
+    missing = [d for d in args.drafters if not (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
+    if missing:
+        p.error(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
+    allowed = list(PROMPT_DOMAINS) if args.prompts is not None and args.prompts.is_dir() else list(DOMAIN_SPLITS)
+    if args.domains is None:
+        args.domains = allowed
+    elif args.prompts is None or args.prompts.is_dir():
+        unknown = [d for d in args.domains if d not in allowed]
+        if unknown:
+            p.error(f"--domains {unknown}: choose from {allowed}")
+    if args.prompts is not None:
+        if not args.prompts.exists():
+            p.error(f"--prompts {args.prompts} does not exist")
+        try:
+            if args.prompts.is_dir():
+                for d in args.domains:
+                    read_prompts(args.prompts, d, "heldout")
+            else:
+                read_prompt_file(args.prompts)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
+    elif Path(args.corpus).exists() and not (Path(args.corpus) / "manifest.json").exists():
+        p.error(f"--corpus {args.corpus} exists but holds no corpus (no manifest.json); build one with "
+                f"`python -m dspark_kernels.train.corpus --out {args.corpus}`")
 
 
 def merge(paths: list[Path]) -> dict:
@@ -157,9 +261,12 @@ def main(args: argparse.Namespace) -> None:
     from ..train.corpus import build_corpus
 
     if args.merge:
-        data = merge(args.merge)
+        try:
+            data = merge(args.merge)
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"error: --merge: {e}") from None
     else:
-        if not (Path(args.corpus) / "manifest.json").exists():
+        if args.prompts is None and not (Path(args.corpus) / "manifest.json").exists():
             build_corpus(Path(args.corpus))
         data = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from ..cli_args import model_source, non_negative_int, positive_int
-from ..demo import PROMPTS
+from ..demo import TEXT_PROMPTS as PROMPTS
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
