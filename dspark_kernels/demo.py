@@ -13,9 +13,9 @@ By default the drafters draft an adaptive number of tokens per round (``--draft-
 ``--gamma``, default 15): the round costs of each drafter are measured at start (:func:`measure_round_costs`) and
 :class:`AdaptiveDraftLength` picks each round's length from the acceptance so far, down to plain decode steps where
 drafting does not pay; ``--draft-length fixed`` drafts ``--gamma`` (default 7) every round. tau counts every target
-forward after the prefill (a plain step emits one token). ``--json`` writes the
-settings, ``model``, ``drafters``, ``device`` (with the git commit), ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt
-alone), one row per method with ``method``, ``domain``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
+forward after the prefill (a plain step emits one token). ``--json`` writes the settings, ``model``, ``drafters``,
+``device`` (with the git commit), ``runs`` (all prompts), ``by_domain`` and ``by_prompt`` (each prompt alone), one
+row per method with ``method``, ``domain``, ``tokens_per_s``, ``tau``, ``new_tokens`` and ``speedup``.
 """
 
 from __future__ import annotations
@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{d:8s} {r['method']:8s} {r['tokens_per_s']:9.1f} {r['tau']:6.2f} {r['speedup']:7.2f}x  {same}")
     costs = {name: vars(sched.costs) for name, sched in schedules.items() if sched is not None}
     out = {"model": str(args.model), "drafters": {name: str(path) for name, path in drafter_paths.items()},
-           "device": device_record(), "settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
+           "device": device_record(),
+           "settings": {"gamma": args.gamma, "draft_length": args.draft_length, "round_costs": costs,
                         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "drafter_gemm_dtype": args.drafter_gemm_dtype,
