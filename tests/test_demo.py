@@ -1,10 +1,15 @@
-"""``python -m dspark_kernels.demo`` on one short prompt: the JSON it promises, and exact greedy text per setting."""
+"""``python -m dspark_kernels.demo`` on one short prompt: the JSON it promises, and exact greedy text per setting.
+
+Most runs use the small shipped target (``--model dspark-target``, fast); one runs the default, SmolLM2-135M-Instruct
+with the drafters shipped for it."""
 
 import json
 
 import pytest
 
 from dspark_kernels import demo
+
+SMALL = ["--model", "dspark-target"]
 
 
 @pytest.mark.parametrize("gemm_dtype,drafter_gemm_dtype,draft_length,invariant", [
@@ -14,7 +19,7 @@ from dspark_kernels import demo
     ("bfloat16", "float32", "adaptive", True)])
 def test_demo_short_run_writes_json_and_matches_ar(tmp_path, gemm_dtype, drafter_gemm_dtype, draft_length, invariant):
     out = tmp_path / "demo.json"
-    demo.main(["--prompt", "def add(a, b):\n", "--max-new-tokens", "12", "--gemm-dtype", gemm_dtype,
+    demo.main([*SMALL, "--prompt", "def add(a, b):\n", "--max-new-tokens", "12", "--gemm-dtype", gemm_dtype,
                "--drafter-gemm-dtype", drafter_gemm_dtype, "--draft-length", draft_length, "--json", str(out)]
               + (["--batch-invariant"] if invariant else []))
     data = json.loads(out.read_text())
@@ -57,7 +62,8 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     monkeypatch.setattr(demo, "_run_ar", ar)
     monkeypatch.setattr(demo, "_run_spec", spec)
     out = tmp_path / "demo.json"
-    demo.main(["--prompt", "def add(a, b):\n", "--max-new-tokens", "6", "--repeats", "3", "--json", str(out)])
+    demo.main([*SMALL, "--prompt", "def add(a, b):\n", "--max-new-tokens", "6", "--repeats", "3", "--json",
+               str(out)])
     data = json.loads(out.read_text())
     assert calls == {"ar": 1 + 3, "spec": 2 * (1 + 3)}  # one warm-up each, then three decodes per method
     runs = {r["method"]: r for r in data["runs"]}
@@ -65,36 +71,54 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     assert runs["dspark"]["tokens_per_s"] == pytest.approx(runs["dspark"]["new_tokens"] / 10.0)
     assert data["settings"]["repeats"] == 3
     with pytest.raises(SystemExit):
-        demo.main(["--prompt", "x", "--repeats", "0"])
+        demo.main([*SMALL, "--prompt", "x", "--repeats", "0"])
     with pytest.raises(SystemExit):
-        demo.main(["--prompt", "x", "--gamma", "17"])
+        demo.main([*SMALL, "--prompt", "x", "--gamma", "17"])
     with pytest.raises(SystemExit):
-        demo.main(["--prompt", "x", "--gamma", "1"])  # adaptive needs two lengths to fit its costs
+        demo.main([*SMALL, "--prompt", "x", "--gamma", "1"])  # adaptive needs two lengths to fit its costs
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be in 1..4096"),
+    (["--max-new-tokens", "100000"], "--max-new-tokens must be in 1..4096"),
+    (["--seed", "-1"], "--seed must be in 0..2**31 - 1"),
     (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
     (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
     (["--model", "/nonexistent"], "argument --model: '/nonexistent' is not a registry name"),
+    (["--drafter", "/nonexistent"], "is not a drafter directory"),
+    (["--json", "/dev/null/demo.json"], "--json /dev/null/demo.json: cannot create its directory"),
 ])
-def test_demo_bad_options_are_usage_errors(argv, message, capsys):
-    with pytest.raises(SystemExit):
-        demo.main(["--prompt", "x", *argv])
-    assert message in capsys.readouterr().err
+def test_demo_bad_options_are_usage_errors_before_any_model_loads(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(demo, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit) as exc:
+        demo.main([*SMALL, "--prompt", "x", *argv])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_triton_without_a_gpu_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        demo.main([*SMALL, "--prompt", "x", "--impl", "triton"])
+    assert exc.value.code == 2 and "--impl triton needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_demo_a_target_without_shipped_drafters_needs_drafter(tmp_path, capsys, smollm2_gguf):
+    with pytest.raises(SystemExit) as exc:
+        demo.main(["--model", str(smollm2_gguf), "--prompt", "x"])
+    assert exc.value.code == 2 and "--drafter is required" in capsys.readouterr().err
 
 
 def test_demo_empty_prompt_decodes_from_bos_alone(tmp_path):
     """``--prompt ""`` is a prompt (the BOS token alone), not a request for the built-in prompts."""
-    out = demo.main(["--prompt", "", "--max-new-tokens", "4", "--repeats", "1", "--draft-length", "fixed"])
+    out = demo.main([*SMALL, "--prompt", "", "--max-new-tokens", "4", "--repeats", "1", "--draft-length", "fixed"])
     assert out["settings"]["prompts"] == 1
 
 
 def test_demo_reports_every_prompt_alone_and_they_add_up(tmp_path):
     out = tmp_path / "demo.json"
-    demo.main(["--max-new-tokens", "6", "--repeats", "1", "--json", str(out)])
+    demo.main([*SMALL, "--max-new-tokens", "6", "--repeats", "1", "--json", str(out)])
     data = json.loads(out.read_text())
-    domains = [d for d, texts in demo.PROMPTS.items() for _ in texts]
+    domains = [d for d, texts in demo.TEXT_PROMPTS.items() for _ in texts]
     rows = data["by_prompt"]
     assert [(r["prompt"], r["domain"]) for r in rows if r["method"] == "ar"] == list(enumerate(domains, 1))
     for run in data["runs"]:
