@@ -1,11 +1,17 @@
-"""Peer comparison: the shipped target decoded by ``transformers`` and by us, greedy, side by side in one run.
+"""Peer comparison: a target decoded by ``transformers``, by llama.cpp and by us, greedy, side by side in one run.
 
-Methods (batch 1, temperature 0, the same prompts and ``--max-new-tokens``, EOS honoured by all):
+Methods (batch 1, temperature 0, the same prompts and ``--max-new-tokens``, EOS honoured by all; the demo's prompts,
+chat-templated for a target with a chat template such as SmolLM2-135M-Instruct, raw text otherwise):
 
-* ``hf_generate``: ``Qwen3ForCausalLM.generate`` (plain autoregressive decoding with the HF dynamic cache);
-* ``hf_assisted``: assisted generation with the shipped small same-tokenizer model (``assets/assistant``: 2 layers,
-  hidden 128, trained on the same corpus) as ``assistant_model``, transformers' default draft-length schedule;
+* ``hf_generate``: ``AutoModelForCausalLM.generate`` (plain autoregressive decoding with the HF dynamic cache);
+* ``hf_assisted``: assisted generation with a small same-tokenizer model (``--assistant``; default: the one shipped
+  for the small target, ``assets/assistant``: 2 layers, hidden 128, trained on the same corpus; none for other
+  targets) as ``assistant_model``, transformers' default draft-length schedule;
 * ``hf_prompt_lookup``: prompt-lookup decoding (``prompt_lookup_num_tokens``, n-gram drafts copied from the context);
+* ``llamacpp_ar`` and ``llamacpp_prompt_lookup``: llama.cpp (``llama-cpp-python``, the optional ``llamacpp`` extra)
+  on the same GGUF file, with this machine's thread count, plain and with its prompt-lookup drafting; only for a GGUF
+  target and when the package is installed. llama.cpp computes with the GGUF's quantized weights, we with their
+  dequantized values, so its greedy text may differ from ours;
 * ``ar``: our runtime's plain decode (:func:`dspark_kernels.models.generate`);
 * one run per block/chain drafter named in ``--drafters`` (default: ``dspark``): our speculative loop, with the
   adaptive draft length (``--draft-length adaptive``, at most ``--gamma``, default 15; round costs measured at start
@@ -27,6 +33,7 @@ CLI: ``python -m dspark_kernels.bench peers --json results/peers.json``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -34,13 +41,15 @@ from pathlib import Path
 import torch
 
 from ..cli_args import model_source, non_negative_int, positive_int
-from ..demo import TEXT_PROMPTS as PROMPTS
+from ..demo import CHAT_PROMPTS, TEXT_PROMPTS
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
 from ..models.convert import converted_directory
 from ..models.drafter_api import load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
+from ..models.gguf_reader import is_gguf_file
+from ..models.registry import REGISTRY, resolve_model
 from ..models.target_tokenizer import load_target_tokenizer
 from . import ASSETS, device_record
 
@@ -69,6 +78,32 @@ def _hf_runner(model: str | Path, assistant_dir: Path | None, lookup_tokens: int
         return run
 
     return {name: make(extra) for name, extra in runs.items()}
+
+
+def _llamacpp_runner(gguf: Path, lookup_tokens: int, eos: list[int]):
+    """``{method: fn(prompt_ids, max_new) -> new token ids}`` for llama.cpp on ``gguf``: plain greedy decoding, and
+    with its prompt-lookup draft model when ``lookup_tokens > 0``."""
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    def make(draft):
+        llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=4096, n_batch=512, n_threads=torch.get_num_threads(),
+                              verbose=False, draft_model=draft)
+
+        def run(ids: list[int], max_new: int) -> list[int]:
+            out: list[int] = []
+            llm.reset()
+            for tok in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+                out.append(int(tok))
+                if tok in eos or len(out) >= max_new:
+                    break
+            return out
+        return run
+
+    runs = {"llamacpp_ar": make(None)}
+    if lookup_tokens > 0:
+        runs["llamacpp_prompt_lookup"] = make(LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens))
+    return runs
 
 
 def _speculative_runner(target, drafter, args: argparse.Namespace, schedule: AdaptiveDraftLength | None,
@@ -101,14 +136,28 @@ def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)
     tokenizer = load_target_tokenizer(args.model)
     eos = list(tokenizer.eos_token_ids)
-    prompts = [tokenizer.encode(t) for d in args.domains for t in PROMPTS[d]]
-    warm = tokenizer.encode("def f(x):")
+    chat = tokenizer.chat_template is not None
+    table = CHAT_PROMPTS if chat else TEXT_PROMPTS
+    domains = args.domains or list(table)
+    unknown = [d for d in domains if d not in table]
+    if unknown:
+        raise ValueError(f"--domains {unknown}: this target's prompts have domains {list(table)}")
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode_chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
+
+    prompts = [encode(t) for d in domains for t in table[d]]
+    warm = encode("def f(x):")
 
     methods = {}
-    assistant = args.assistant if args.assistant.exists() else None
-    if assistant is None:
-        print(f"no assistant model at {args.assistant}: hf_assisted skipped")
-    methods.update(_hf_runner(args.model, assistant, args.prompt_lookup_tokens, eos))
+    if args.assistant is None:
+        print(f"no assistant model for {args.model}: hf_assisted skipped")
+    methods.update(_hf_runner(args.model, args.assistant, args.prompt_lookup_tokens, eos))
+    gguf = resolve_model(args.model)
+    if is_gguf_file(gguf) and importlib.util.find_spec("llama_cpp") is not None:
+        methods.update(_llamacpp_runner(gguf, args.prompt_lookup_tokens, eos))
+    else:
+        print("llama.cpp skipped (a GGUF target and the llamacpp extra are needed)")
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=eos, impl=args.impl).tokens[0]
     costs = {}
     for name in args.drafters:
@@ -134,10 +183,11 @@ def run(args: argparse.Namespace) -> dict:
     for row in rows:
         row["vs_best_transformers"] = row["tokens_per_s"] / best_hf["tokens_per_s"]
     return {"settings": {"max_new_tokens": args.max_new_tokens, "gamma": args.gamma,
-                         "draft_length": args.draft_length, "round_costs": costs, "domains": args.domains,
+                         "draft_length": args.draft_length, "round_costs": costs, "domains": domains,
                          "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                          "batch_size": 1, "temperature": 0.0, "gemm_dtype": args.gemm_dtype,
                          "drafter_gemm_dtype": args.drafter_gemm_dtype, "repeats": args.repeats},
+            "model": str(args.model), "drafter_dir": str(args.drafter_dir), "drafters": list(args.drafters),
             "device": device_record(), "best_transformers": best_hf["method"], "runs": rows}
 
 
@@ -152,17 +202,23 @@ def markdown(result: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--assistant", type=Path, default=ASSETS / "assistant",
-                   help="small HF model for transformers' assisted generation")
-    p.add_argument("--drafter-dir", type=Path, default=ASSETS / "drafters")
-    p.add_argument("--drafters", nargs="+", default=["dspark"], help="our drafters to run (shipped names)")
-    p.add_argument("--domains", nargs="+", choices=sorted(PROMPTS), default=sorted(PROMPTS))
-    p.add_argument("--max-new-tokens", type=positive_int, default=96)
+    p.add_argument("--assistant", type=Path, default=None,
+                   help="small same-tokenizer HF model for transformers' assisted generation (default: the one shipped "
+                        "for the small target; none for other targets, and hf_assisted is skipped)")
+    p.add_argument("--drafter-dir", type=Path, default=None,
+                   help="directory of our drafters (default: the drafters shipped for --model)")
+    p.add_argument("--drafters", nargs="+", default=["dspark"], help="our drafters to run (subdirectory names)")
+    p.add_argument("--domains", nargs="+", default=None,
+                   help="prompt domains (default: all of the demo's prompts for this target: code, math, chat for a "
+                        "chat target)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=96, help="most new tokens per prompt")
     p.add_argument("--gamma", type=int, default=None,
                    help="draft length (fixed), or the most a round drafts (adaptive); default 7 fixed, 15 adaptive")
-    p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive")
+    p.add_argument("--draft-length", choices=sorted(DRAFT_LENGTH_MODES), default="adaptive",
+                   help="adaptive: each round's length from the measured round costs; fixed: --gamma every round")
     p.add_argument("--prompt-lookup-tokens", type=non_negative_int, default=10, help="0 skips prompt-lookup decoding")
-    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None)
+    p.add_argument("--impl", choices=("auto", "triton", "torch"), default=None,
+                   help="kernel implementation (default: Triton on a GPU, the PyTorch reference on a CPU)")
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="our methods' linear-layer weight dtype (transformers runs in float32)")
     p.add_argument("--drafter-gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
@@ -179,6 +235,18 @@ def main(args: argparse.Namespace) -> dict:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     args.gamma = cli_gamma(args.gamma, args.draft_length)
+    spec = REGISTRY.get(args.model) if isinstance(args.model, str) else None
+    if args.drafter_dir is None:
+        if spec is None or spec.drafters is None:
+            raise ValueError(f"--drafter-dir is required: no drafters are shipped for --model {args.model}")
+        args.drafter_dir = spec.drafters
+    missing = [d for d in args.drafters if not (args.drafter_dir / d / "drafter_config.json").is_file()]
+    if missing:
+        raise ValueError(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
+    if args.assistant is None and args.model == "dspark-target":
+        args.assistant = ASSETS / "assistant"
+    if args.assistant is not None and not (args.assistant / "config.json").is_file():
+        raise ValueError(f"--assistant {args.assistant} is not a model directory (no config.json)")
     result = run(args)
     table = markdown(result)
     print(table)

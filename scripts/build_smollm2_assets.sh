@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Rebuild the drafters shipped for SmolLM2-135M-Instruct from scratch on a CPU machine (no network after the model's
+# fetch): chat prompt sets, the target's own answers with their features recorded, the four drafters at equal data and
+# steps, calibration, and the acceptance benchmark. Every step resumes where it stopped (run the script again).
+# Knobs: N_TRAIN (train prompts answered), STEPS (optimiser steps of every drafter), THREADS (per trainer; the four
+# trainers run side by side).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N_TRAIN=${N_TRAIN:-384}
+STEPS=${STEPS:-400}
+THREADS=${THREADS:-1}
+MODEL=smollm2-135m-instruct
+OUT=dspark_kernels/assets/drafters/$MODEL
+RO=data/rollouts_smollm2
+LAYERS="2 15 28"  # block drafters' feature layers, spread over the target's 30; EAGLE/MTP-1 read layer 28
+
+python -m dspark_kernels.assets fetch $MODEL
+python -m dspark_kernels.train.prompts --out data/prompts
+python -m dspark_kernels.train.rollouts --model $MODEL --prompts data/prompts --split heldout --num-prompts 150 \
+    --max-new-tokens 512 --temperatures 0 1 --batch-size 50 --shard-size 150 --feature-layers $LAYERS --out $RO \
+    --resume
+python -m dspark_kernels.train.rollouts --model $MODEL --prompts data/prompts --split train --num-prompts "$N_TRAIN" \
+    --max-new-tokens 512 --temperatures 0 1 --batch-size 64 --shard-size 192 --feature-layers $LAYERS --out $RO \
+    --resume
+
+common=(--target $MODEL --rollouts $RO --steps "$STEPS" --batch-size 8 --resume)
+block=(--feature-layers $LAYERS --layers 2 --gammas 7 15 --anchors 8)
+run() {  # name, trainer module, args...: one trainer in the background with its own log
+    local name=$1 module=$2; shift 2
+    OMP_NUM_THREADS=$THREADS python -m "dspark_kernels.train.$module" --name "$name" --out "$OUT/$name" \
+        --work-dir "data/drafter_runs/$MODEL/$name" "${common[@]}" "$@" > "data/logs/train_$name.log" 2>&1 &
+}
+mkdir -p data/logs
+run dspark drafter "${block[@]}" --head vanilla --rank 64
+run dflash drafter "${block[@]}" --loss dflash --rank 0
+run eagle chain_drafter --feature-layer 28 --positions 64
+run mtp1 chain_drafter --feature-layer 28 --positions 64
+wait
+
+python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 150 \
+    --max-new-tokens 128
+python -m dspark_kernels.bench acceptance --model $MODEL --prompts data/prompts --num-prompts 8 \
+    --max-new-tokens 128 --json results/acceptance_smollm2.json
