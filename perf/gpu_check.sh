@@ -3,11 +3,13 @@
 #   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $GPU_RESULTS/ when set)
 # When OUT is set (the device tool's output folder, which returns at most 8 files), the results are also packed into
 # $OUT/gpu_results.tgz, with summary.txt beside it.
-# Step timeouts sum to 440 s (+5 s kill grace each: 475 s if every step timed out), so the check ends within 8 minutes.
+# Step timeouts sum to 500 s (+5 s kill grace each: 540 s if every step timed out), so the check ends within 9 minutes.
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
 #   env (nvidia-smi, versions) -> kernel tests on the GPU, interpreter off (junit xml) -> perf suite (benchmark json)
 #   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
-#   and round profile of the shipped DSpark drafter (output folder and autotune/sps/) -> summary.txt
+#   and round profile of the shipped DSpark drafter (output folder and autotune/sps/) -> the real target end to end
+#   (SmolLM2-135M-Instruct, bf16 GEMMs on the GPU: the demo's AR vs DSpark vs DFlash tokens/s and tau, when its GGUF is
+#   in the model cache: the lent machine cannot fetch it) -> summary.txt
 set -u
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -81,7 +83,16 @@ tune() {
     return $rc
 }
 
-export -f envinfo install_pkg tune
+real_target() {  # the demo on SmolLM2 when its GGUF is cached
+    if ! $PY -c "from dspark_kernels.models.registry import resolve_model as r; print(r('smollm2-135m-instruct', fetch=False))"; then
+        echo "SmolLM2-135M-Instruct is not in the model cache (\$DSPARK_CACHE): real-target step skipped"
+        return 0
+    fi
+    $PY -m dspark_kernels.demo --gemm-dtype bfloat16 --drafter-gemm-dtype bfloat16 --max-new-tokens 128 \
+        --repeats 2 --json "$OUT_DIR/demo_smollm2.json"
+}
+
+export -f envinfo install_pkg tune real_target
 export PY OUT_DIR REPO
 step env 15 envinfo
 step install 30 install_pkg
@@ -94,6 +105,7 @@ step perf_report 10 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
 step autotune 120 tune
 step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
     --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
+step real_target 60 real_target
 
 {
     echo "dspark-kernels GPU check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  total $(( $(date +%s) - START ))s"
@@ -108,6 +120,7 @@ step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeat
     echo "perf:         $(grep -E '(passed|failed|error|skipped)' "$OUT_DIR/perf.log" | tail -n 1)"
     echo "autotune:     $(grep -E 'wrote|no candidate' "$OUT_DIR/autotune.log" | tr '\n' ' ')"
     echo "sps:          $(grep -E 'wrote' "$OUT_DIR/sps.log" | tr '\n' ' ')"
+    echo "real target:  $(grep -E '^all ' "$OUT_DIR/real_target.log" | tr -s ' ' | tr '\n' ';')"
     echo
     echo "files:"
     (cd "$OUT_DIR" && find . -type f | sort | sed 's/^\.\//  /')
