@@ -32,10 +32,10 @@ import torch
 
 from .bench import device_record
 from .cli_args import model_source
+from .drafters import load_drafter
 from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
-from .models.drafter_api import load_drafter
 from .models.gemm_dtype import GEMM_DTYPES
 from .models.registry import shipped_drafter
 from .models.target_tokenizer import load_target_tokenizer

@@ -124,8 +124,8 @@ def run(target, drafter, prompts: list[list[int]], max_new_tokens: int, gamma: i
 
 
 def main() -> None:
+    from dspark_kernels.drafters import load_drafter
     from dspark_kernels.models import load_model
-    from dspark_kernels.models.drafter_api import load_drafter
     from dspark_kernels.train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

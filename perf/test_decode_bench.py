@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_kernels.drafters import load_drafter
 from dspark_kernels.engine.draft_length import AdaptiveDraftLength, measure_round_costs
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.train.tokenizer import BOS_ID, EOS_ID, load_tokenizer
 from perf.costs import decode_flops
 from perf.roofline import record

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_kernels.drafters import load_drafter
 from dspark_kernels.models import load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import sequential_head
 from dspark_kernels.ops.sequential_head import SequentialHeadWeights
 from perf.costs import draft_block_cost, target_forward_cost

@@ -1,4 +1,4 @@
-"""Engine host bookkeeping: the drafter's deferred context (:class:`~dspark_kernels.engine._common.PendingContext`).
+"""Engine host bookkeeping: the drafter's deferred context (:class:`~dspark_kernels.engine.rounds.PendingContext`).
 
 Per round of R requests, each keeping 1-3 tokens with fp32 features ``[T, 3 * 256]`` (the shipped drafter's three
 target layers): ``plain`` hands the round's kept tokens over only (a step with the draft gate closed), ``drafting``
@@ -11,7 +11,7 @@ FLOPs 0. CPU only: the work is host indexing, whatever the device.
 import pytest
 import torch
 
-from dspark_kernels.engine._common import PendingContext
+from dspark_kernels.engine.rounds import PendingContext
 from perf.roofline import record
 
 FEATURES = 3 * 256

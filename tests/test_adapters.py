@@ -146,8 +146,8 @@ def example():
 
 @pytest.fixture(scope="module")
 def shipped():
+    from dspark_kernels.drafters import load_drafter
     from dspark_kernels.models import load_model
-    from dspark_kernels.models.drafter_api import load_drafter
     from dspark_kernels.train.tokenizer import BOS_ID, load_tokenizer
 
     assets = ROOT / "dspark_kernels" / "assets"

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_kernels.bench import ASSETS
+from dspark_kernels.drafters import load_drafter
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, make_policy
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.ops import plan_verify_attention, verify_attention
 from dspark_kernels.ops.verify_attention import PINNED_LAUNCH
 from dspark_kernels.reference.batch_invariant_attention import KEY_BLOCK, QUERY_TILE

@@ -272,8 +272,8 @@ def test_split_by_request_is_disjoint_and_by_request():
 
 
 def test_cli_end_to_end_on_a_tiny_model(tmp_path, capsys):
+    from dspark_kernels.drafters.block_drafter import BlockDrafter, DrafterConfig
     from dspark_kernels.models import load_model
-    from dspark_kernels.models.drafter import BlockDrafter, DrafterConfig
     from dspark_kernels.train.rollouts import Rollouts, save_rollouts
     from tests.tiny_models import save_tiny_qwen3
 

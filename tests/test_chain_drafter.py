@@ -11,10 +11,10 @@ import random
 import pytest
 import torch
 
+from dspark_kernels.drafters.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
 from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
 from dspark_kernels.train.chain_drafter import chain_loss, make_chain_batch
 from dspark_kernels.train.drafter_data import forward_outputs
 from dspark_kernels.train.rollouts import Rollouts

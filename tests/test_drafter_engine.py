@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
+from dspark_kernels.drafters.block_drafter import BlockDrafter, DrafterConfig, load_block_drafter
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.drafter import BlockDrafter, DrafterConfig, load_block_drafter
 from dspark_kernels.train.drafter import drafter_loss
 from dspark_kernels.train.drafter_data import forward_outputs, make_batch
 from dspark_kernels.train.rollouts import Rollouts
@@ -246,7 +246,7 @@ def test_traces_record_confidence_and_acceptance(target):
 def _two_prefilled_caches(target, drafter, rids, prompts, samp):
     """Two target caches holding the same prefilled prompts (one for the round under test, one for a reference
     forward) and the prompts' first tokens."""
-    from dspark_kernels.engine._common import PendingContext, prefill
+    from dspark_kernels.engine.rounds import PendingContext, prefill
 
     caches = []
     for _ in range(2):
@@ -267,8 +267,8 @@ def test_verify_round_keeps_the_accepted_rows_of_ragged_requests(target, lens, w
     drafts that match the target's greedy tokens (request ``wrong`` gets its second draft corrupted), emits the target's
     next token, keeps the anchor and its accepted drafts with the features of the same ragged forward run on a second
     cache, and its cache grows by exactly what it kept."""
-    from dspark_kernels.engine._common import verify_round
-    from dspark_kernels.models.drafter_api import DraftOutput
+    from dspark_kernels.drafters import DraftOutput
+    from dspark_kernels.engine.rounds import verify_round
     from dspark_kernels.sampling import Sampling
 
     drafter, gamma = make_drafter(target), 3
@@ -305,7 +305,7 @@ def test_plain_round_matches_a_forward_and_the_zero_draft_sampler(target, temper
     """A verify round with every length 0 (a plain step, :func:`plain_round`) emits, per request, the token the
     rejection sampler draws from the target's row after zero drafts (the general path's call), keeps each anchor with
     its target features, and grows each cache by one."""
-    from dspark_kernels.engine._common import no_drafts, verify_round
+    from dspark_kernels.engine.rounds import no_drafts, verify_round
     from dspark_kernels.ops import rejection_sample
     from dspark_kernels.ops.rejection_sample import rejection_noise
     from dspark_kernels.sampling import Sampling
@@ -345,7 +345,7 @@ def test_pending_context_hands_each_request_its_rows_in_commit_order():
     every round it has not handed over yet, in commit order, with offsets aligned with the take's ids (an empty
     chunk for a request with none); taking exactly one whole round in its order returns that round's own tensors;
     dropped requests hand nothing over; ``longest`` counts pending rows on the host."""
-    from dspark_kernels.engine._common import PendingContext
+    from dspark_kernels.engine.rounds import PendingContext
 
     pending, expect = PendingContext(), {}
     rounds = [([0, 1, 2], [3, 1, 2]), ([0, 2], [2, 1]), ([2, 1, 0], [1, 0, 4])]

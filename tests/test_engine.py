@@ -13,13 +13,13 @@ import platform
 import pytest
 import torch
 
+from dspark_kernels.drafters import DraftOutput, NullDrafter
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, best_common_length, drafting_gain, make_policy
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, profile_drafter, read_profile
 from dspark_kernels.models import generate
-from dspark_kernels.models.drafter_api import DraftOutput, NullDrafter
 from tests.lossless import assert_follows_target
 from tests.test_drafter_engine import VOCAB, make_drafter, target, train_block_drafter  # noqa: F401 (fixture)
 

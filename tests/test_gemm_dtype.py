@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_kernels.drafters import load_drafter
+from dspark_kernels.drafters.sequential_head import SequentialHead
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import gemm_dtype as gemm_dtype_mod
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.models.gemm_dtype import CastGemmLinear, cast_gemm_weights, parse_gemm_dtype
-from dspark_kernels.models.sequential_head import SequentialHead
 from dspark_kernels.reference._tensor_key import tensor_key
 from tests.lossless import assert_follows_target
 from tests.test_chain_drafter import make_drafter as make_chain_drafter

@@ -302,7 +302,7 @@ def test_load_arguments_are_checked(checkpoints):
         load_model(path, dtype="bfloat16")
     with pytest.raises(ValueError, match="device must name a torch device"):
         load_model(path, device="tpu0")
-    from dspark_kernels.models.drafter_api import load_drafter
+    from dspark_kernels.drafters import load_drafter
 
     with pytest.raises(TypeError, match="target must be the CausalLM"):
         load_drafter(path, None)

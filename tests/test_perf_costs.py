@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from dspark_kernels.drafters import load_drafter
 from dspark_kernels.models import load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from perf.costs import decode_flops, draft_block_cost, target_forward_cost
 from perf.roofline import peak_for
 

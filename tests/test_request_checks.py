@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from dspark_kernels.engine._common import finish_reason
+from dspark_kernels.drafters.block_drafter import BlockDrafter
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import make_policy
+from dspark_kernels.engine.rounds import finish_reason
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
-from dspark_kernels.models.drafter import BlockDrafter
 from dspark_kernels.request_checks import check_prompts, check_step_logits, stop_tokens
 from tests.test_drafter_engine import VOCAB, make_drafter
 from tests.test_engine import flat_profile

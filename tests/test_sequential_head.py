@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 import dspark_kernels.reference.sequential_head as ref_module
-from dspark_kernels.models.sequential_head import SequentialHead
+from dspark_kernels.drafters.sequential_head import SequentialHead
 from dspark_kernels.noise import uniform_noise
 from dspark_kernels.ops import sequential_head
 from dspark_kernels.ops.sequential_head import SequentialHeadWeights

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from dspark_kernels.drafters import load_drafter
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import load_model
-from dspark_kernels.models.drafter_api import load_drafter
 from dspark_kernels.train import chain_drafter as chain_cli
 from dspark_kernels.train import drafter as block_cli
 from dspark_kernels.train.rollouts import Rollouts, save_rollouts

@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from ..cli_args import model_source, positive_int
+from ..drafters import load_drafter
+from ..drafters.block_drafter import MAX_GAMMA
 from ..engine.speculative import speculative_generate
 from ..models import load_model
-from ..models.drafter import MAX_GAMMA
-from ..models.drafter_api import load_drafter
 from ..models.registry import REGISTRY
 from ..models.target_tokenizer import TargetTokenizer, load_target_tokenizer
 from ..train.corpus import read_split

@@ -42,11 +42,11 @@ import torch
 
 from ..cli_args import model_source, non_negative_int, positive_int
 from ..demo import CHAT_PROMPTS, TEXT_PROMPTS
+from ..drafters import load_drafter
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from ..engine.speculative import speculative_generate
 from ..models import generate, load_model
 from ..models.convert import converted_directory
-from ..models.drafter_api import load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..models.gguf_reader import is_gguf_file
 from ..models.registry import REGISTRY, resolve_model

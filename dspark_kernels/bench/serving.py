@@ -52,6 +52,7 @@ import numpy as np
 import torch
 
 from ..cli_args import fraction_below_one, model_source, non_negative_float, positive_float, positive_int
+from ..drafters import NullDrafter, load_drafter
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -69,7 +70,6 @@ from ..engine.sps import (
     target_step_fn,
 )
 from ..models import load_model
-from ..models.drafter_api import NullDrafter, load_drafter
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..train.calibration import load_mean_survival, load_temperatures
 from . import ASSETS, device_record

@@ -6,9 +6,9 @@ The step's building blocks (:class:`Sampling`, :func:`prefill`, :class:`PendingC
 """
 
 from ..sampling import Sampling
-from ._common import DRAFT_NOISE_STREAM, PendingContext, draft, features_of, finish_reason, prefill, verify_round
 from .engine import Engine, run_closed_loop
 from .policies import POLICY_NAMES, make_policy
+from .rounds import DRAFT_NOISE_STREAM, PendingContext, draft, features_of, finish_reason, prefill, verify_round
 
 # the SPS names load on first use: importing the package must not import .sps, whose CLI runs as __main__
 # (python -m dspark_kernels.engine.sps)

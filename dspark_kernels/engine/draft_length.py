@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters import Drafter
+from ..drafters.block_drafter import MAX_GAMMA
 from ..models import CausalLM
-from ..models.drafter import MAX_GAMMA
-from ..models.drafter_api import Drafter
 from ..sampling import Sampling
-from ._common import PendingContext, draft, no_drafts, prefill, verify_round
+from .rounds import PendingContext, draft, no_drafts, prefill, verify_round
 
 __all__ = ["DRAFT_LENGTH_MODES", "AdaptiveDraftLength", "RoundCosts", "cli_gamma", "measure_round_costs"]
 

@@ -12,7 +12,7 @@
    drops the rejected drafts and the drafter's context grows by the kept tokens.
 
 The drafter's context is extended lazily: the prompt's and every round's committed tokens (with their target
-features) wait per request (:class:`~._common.PendingContext`) until the request's next drafting round, whose draft
+features) wait per request (:class:`~.rounds.PendingContext`) until the request's next drafting round, whose draft
 takes them in within the same pass, so a policy that does not draft costs no drafter work at all.
 
 An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
@@ -40,13 +40,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..drafters import Drafter, check_drafter_target, check_gamma
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
 from ..ops._validate import is_int
 from ..request_checks import check_requests
 from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
-from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .policies import Policy
+from .rounds import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile

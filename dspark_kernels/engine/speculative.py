@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..drafters import Drafter, check_drafter_target, check_gamma
 from ..models import CausalLM
-from ..models.drafter_api import Drafter, check_drafter_target, check_gamma
 from ..request_checks import check_decode_args, check_requests
 from ..sampling import PromptSampling, Sampling
-from ._common import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 from .draft_length import AdaptiveDraftLength
+from .rounds import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 
 __all__ = ["SpecResult", "speculative_generate"]
 

@@ -340,7 +340,7 @@ def profile_drafter(
     (:func:`profile_target`); they hold ``max_requests * (max_requests + 1) / 2`` drafter contexts in all.
     """
     from ..sampling import Sampling
-    from ._common import draft, prefill
+    from .rounds import draft, prefill
 
     if warmup < 1:
         raise ValueError(f"warmup must be >= 1 (the first call of each size builds its contexts), got {warmup}")
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
     from ..cli_args import missing_inputs_are_usage_errors, model_source
-    from ..models.drafter_api import check_gamma, load_drafter
+    from ..drafters import check_gamma, load_drafter
     from ..models.transformer import load_model
 
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)

@@ -397,9 +397,9 @@ def format_table(before: CalibrationMetrics, after: CalibrationMetrics, kind: st
 
 def _collect_traces(args: argparse.Namespace):
     """Run speculative decoding on the held-out prompts; returns (SpecResult, number of prompts)."""
+    from ..drafters import load_drafter
     from ..engine.speculative import speculative_generate
     from ..models import load_model
-    from ..models.drafter_api import load_drafter
     from ..models.target_tokenizer import stop_token_ids
     from .rollouts import load_rollouts
 

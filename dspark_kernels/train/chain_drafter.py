@@ -4,7 +4,7 @@ Teacher forcing over whole rollouts (the target's outputs come from :func:`.draf
 with the rollouts, or one target forward per batch): step 1 at position
 ``t`` sees ``(f_t, x_{t+1})`` and predicts ``x_{t+2}``; EAGLE also unrolls ``--steps-unroll - 1`` more steps whose
 feature input is the drafter's own previous output hidden (training-time test, see
-:meth:`~dspark_kernels.models.chain_drafter.ChainDrafter.forward_train`). Step ``k`` at position ``t`` belongs to the
+:meth:`~dspark_kernels.drafters.chain_drafter.ChainDrafter.forward_train`). Step ``k`` at position ``t`` belongs to the
 chain anchored at ``A = t - k + 2``; it is supervised when ``A`` is a response token and ``x_{A+k}`` exists (same
 anchor rule as the block drafter), against the rollout token (CE) and the target's temperature-1 distribution at
 ``t + 1`` (L1 = twice the TV distance), weighted by ``w_k = exp(-(k - 1) / 4)`` and normalised over valid slots:
@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from ..cli_args import non_negative_float, non_negative_int
+from ..drafters.chain_drafter import ChainDrafter, ChainDrafterConfig
 from ..models import CausalLM, load_model
-from ..models.chain_drafter import ChainDrafter, ChainDrafterConfig
 from .drafter_data import TargetOutputs, rollout_outputs, target_logits
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import Rollouts, load_rollout_dirs

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from ..cli_args import non_negative_int, positive_int
+from ..drafters.block_drafter import BlockDrafter, DrafterConfig
 from ..models import load_model
-from ..models.drafter import BlockDrafter, DrafterConfig
 from .drafter_data import DrafterBatch, make_batch
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import load_rollout_dirs

@@ -1,4 +1,5 @@
-"""Pieces shared by the fixed-batch loop (:mod:`.speculative`) and the continuous-batching engine (:mod:`.engine`).
+"""Round mechanics shared by the fixed-batch loop (:mod:`.speculative`) and the continuous-batching engine
+(:mod:`.engine`).
 
 * :func:`prefill`: one ragged target forward over new prompts; returns each request's first token (noise round 0);
 * :class:`PendingContext`: committed tokens and their features per request, waiting for the request's next drafting
@@ -27,8 +28,8 @@ from itertools import accumulate
 
 import torch
 
+from ..drafters import DraftContext, Drafter, DraftOutput
 from ..models import CausalLM
-from ..models.drafter_api import DraftContext, Drafter, DraftOutput
 from ..noise import uniform_noise
 from ..ops import rejection_sample
 from ..ops.rejection_sample import rejection_noise

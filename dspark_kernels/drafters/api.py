@@ -10,11 +10,11 @@ from typing import Protocol
 
 import torch
 
+from ..models.transformer import CausalLM
 from ..ops._validate import is_int
-from .transformer import CausalLM
 
 __all__ = ["DraftContext", "DraftOutput", "Drafter", "NullDrafter", "check_drafter_target", "check_gamma",
-           "load_drafter", "read_drafter_config", "load_drafter_weights", "save_drafter"]
+           "read_drafter_config", "load_drafter_weights", "save_drafter"]
 
 
 DraftContext = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -155,24 +155,3 @@ def load_drafter_weights(module: torch.nn.Module, path: str | Path, target, dtyp
         raise ValueError(f"drafter weights {weights} miss tensors: {sorted(missing)[:5]}")
     module.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     return module.to(dtype=dtype, device=target.device).eval().requires_grad_(False)
-
-
-def load_drafter(path, target, dtype: torch.dtype = torch.float32, gemm_dtype: torch.dtype | str | None = None
-                 ) -> Drafter:
-    """Load any shipped drafter directory (``drafter_config.json`` names its ``drafter_type``) for ``target``;
-    ``gemm_dtype`` as in :func:`dspark_kernels.models.load_model`, for the drafter's own linear layers (its embedding
-    and LM head are the target's, in the target's setting). It need not match the target's: the drafter's numerics
-    decide only which tokens are proposed, never what verification emits (T = 0) or its distribution (T > 0). On a CPU
-    whose small bf16 GEMMs have a high fixed cost, fp32 drafter layers are the faster at a draft block's few rows."""
-    if not isinstance(target, CausalLM):
-        raise TypeError(f"target must be the CausalLM the drafter runs with (load_model), got {type(target).__name__}")
-    kind = read_drafter_config(path)["drafter_type"]
-    if kind == "block":
-        from .drafter import load_block_drafter
-
-        return load_block_drafter(path, target, dtype, gemm_dtype)
-    if kind == "chain":
-        from .chain_drafter import load_chain_drafter
-
-        return load_chain_drafter(path, target, dtype, gemm_dtype)
-    raise ValueError(f"{path}/drafter_config.json: unknown drafter_type {kind!r} (expected 'block' or 'chain')")

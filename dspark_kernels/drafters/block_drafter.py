@@ -14,7 +14,7 @@ at position P, the block input is ``[x_0, MASK x (gamma - 1)]`` at positions ``P
 * The final norm and the target's frozen LM head give the base logits ``U_k``; the target's frozen embedding embeds the
   block input. Neither is stored with the drafter.
 
-The sequential head (:class:`~dspark_kernels.models.sequential_head.SequentialHead`) adds the Markov/RNN bias of the
+The sequential head (:class:`~dspark_kernels.drafters.sequential_head.SequentialHead`) adds the Markov/RNN bias of the
 previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash. The head's ``h_k``
 is the last draft layer's residual stream before the final norm (the reference code hands its heads the normalised
 state; the shipped drafters were trained, and run, with this one).
@@ -38,14 +38,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.config import ModelConfig
+from ..models.fused_linear import fuse_projections
+from ..models.gemm_dtype import cast_gemm_weights
+from ..models.kv_cache import PagedKVCache
+from ..models.transformer import CausalLM, DecoderLayer, RMSNorm
 from ..ops import draft_block_attention, plan_draft_block_attention, sequential_head
-from .config import ModelConfig
-from .drafter_api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
-from .fused_linear import fuse_projections
-from .gemm_dtype import cast_gemm_weights
-from .kv_cache import PagedKVCache
+from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
 from .sequential_head import SequentialHead
-from .transformer import CausalLM, DecoderLayer, RMSNorm
 
 __all__ = ["BlockDrafter", "DrafterConfig", "load_block_drafter"]
 

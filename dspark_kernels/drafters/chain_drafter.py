@@ -45,15 +45,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.config import ModelConfig
+from ..models.fused_linear import fuse_projections
+from ..models.gemm_dtype import cast_gemm_weights
+from ..models.kv_cache import PagedKVCache
+from ..models.transformer import CausalLM, RMSNorm
 from ..ops import sequential_head, verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
-from .config import ModelConfig
-from .drafter import DraftLayer
-from .drafter_api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
-from .fused_linear import fuse_projections
-from .gemm_dtype import cast_gemm_weights
-from .kv_cache import PagedKVCache
-from .transformer import CausalLM, RMSNorm
+from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .block_drafter import DraftLayer
 
 __all__ = ["ChainDrafter", "ChainDrafterConfig", "ChainState", "load_chain_drafter"]
 
