@@ -6,7 +6,7 @@ same numbers and agree bit for bit. This module makes those tensors reproducibly
 state, identical on CPU and CUDA, and safe to capture in a CUDA graph (seeds/offsets are tensors).
 
 The hash is a 32-bit multiply-xorshift finaliser (in the style of murmur3's ``fmix32``) applied to
-``seed``, ``offset``, ``stream`` and the element index; results are uniform on the 2^24-point grid of (0, 1).
+``seed`` (both 32-bit halves of it), ``offset``, ``stream`` and the element index; results are uniform on the 2^24-point grid of (0, 1).
 """
 
 from __future__ import annotations
@@ -44,7 +44,10 @@ def uniform_noise(seeds: torch.Tensor, offsets: torch.Tensor, shape: tuple[int, 
     for s in shape:
         n *= int(s)
     idx = torch.arange(n, device=seeds.device, dtype=torch.int64)
-    s = _fmix32(seeds.to(torch.int64)[:, None] ^ 0x9E3779B9)
+    seeds = seeds.to(torch.int64)[:, None]
+    # all 64 bits of a seed count: the high word's mix is 0 for seeds below 2**32 (fmix32(0) = 0), so their streams
+    # are those of the 32-bit hash, and s and s + 2**32 differ
+    s = _fmix32(seeds ^ 0x9E3779B9) ^ _fmix32(seeds >> 32)
     h = _fmix32(s ^ (offsets.to(torch.int64)[:, None] * 0x27D4EB2F + stream * 0x165667B1))
     h = _fmix32(h ^ idx[None, :])
     h = _fmix32(h + idx[None, :] * 0x9E3779B1)
