@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def _device_of(device: dict) -> str:
-    """Where a benchmark ran: ``ran_on`` (recorded since session 22), else the GPU or the CPU of the machine."""
+    """Where a benchmark ran: ``ran_on`` (in newer records), else the GPU or the CPU of the machine."""
     return device.get("ran_on") or device.get("gpu") or device.get("cpu", "")
 
 

@@ -146,7 +146,7 @@ def test_triton_pinned_launch_has_the_same_bits_however_it_is_batched(device, po
 
 
 # Held-out prompts (the acceptance bench's test split, 32 tokens) on which greedy speculative decoding with the fused
-# attention and bf16 GEMMs left greedy AR decoding at new token 8, 3 and 13 (session 17, one thread).
+# attention and bf16 GEMMs left greedy AR decoding at new token 8, 3 and 13 (measured with one thread).
 DIVERGING = [
     [1, 1769, 66, 1663, 15, 944, 365, 7855, 66, 2993, 3115, 2225, 17, 3030, 66, 2993, 320, 272, 323, 801, 66, 1663,
      2219, 365, 7855, 66, 2993, 29, 274, 1949, 2219, 32],
