@@ -6,8 +6,8 @@
 # trainers run side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N_TRAIN=${N_TRAIN:-384}
-STEPS=${STEPS:-400}
+N_TRAIN=${N_TRAIN:-576}
+STEPS=${STEPS:-450}
 THREADS=${THREADS:-1}
 MODEL=smollm2-135m-instruct
 OUT=dspark_kernels/assets/drafters/$MODEL
