@@ -6,7 +6,8 @@ same numbers and agree bit for bit. This module makes those tensors reproducibly
 state, identical on CPU and CUDA, and safe to capture in a CUDA graph (seeds/offsets are tensors).
 
 The hash is a 32-bit multiply-xorshift finaliser (in the style of murmur3's ``fmix32``) applied to
-``seed`` (both 32-bit halves of it), ``offset``, ``stream`` and the element index; results are uniform on the 2^24-point grid of (0, 1).
+``seed`` (both 32-bit halves of it), ``offset``, ``stream`` and the element index; results are uniform on the
+2^24-point grid of (0, 1).
 """
 
 from __future__ import annotations
