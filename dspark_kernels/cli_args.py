@@ -8,8 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fraction_below_one", "missing_inputs_are_usage_errors", "model_source", "non_negative_float",
-           "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["DEFAULT_CORPUS", "check_corpus", "fraction_below_one", "missing_inputs_are_usage_errors", "model_source",
+           "non_negative_float", "non_negative_int", "positive_float", "positive_int"]
+
+DEFAULT_CORPUS = Path("data/corpus")
 
 
 def positive_int(text: str) -> int:
@@ -81,3 +83,17 @@ def missing_inputs_are_usage_errors(parser: argparse.ArgumentParser) -> Iterator
         yield
     except FileNotFoundError as e:
         parser.error(str(e))
+
+
+def check_corpus(parser: argparse.ArgumentParser, corpus: Path) -> bool:
+    """Whether ``--corpus`` must be built before the run: only the default directory (``data/corpus``) is built when
+    missing; another path must already hold a corpus (a mistyped path is a usage error, not a new corpus there)."""
+    corpus = Path(corpus)
+    if (corpus / "manifest.json").is_file():
+        return False
+    if corpus == DEFAULT_CORPUS and not corpus.exists():
+        return True
+    parser.error(f"--corpus {corpus} holds no corpus (no manifest.json); build one there with "
+                 f"`python -m dspark_kernels.train.corpus --out {corpus}`, or leave --corpus at its default "
+                 f"({DEFAULT_CORPUS}, built on first use)")
+    return False

@@ -75,3 +75,28 @@ def test_bench_counts_are_usage_errors(argv, message, monkeypatch, capsys):
     with pytest.raises(SystemExit) as exc:
         main()
     assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serving", "--policies", "bogus"], "--policies ['bogus']: choose from"),
+    (["serving", "--gamma", "100"], "--gamma must be in 1..16"),
+    (["serving", "--concurrency", "4", "100000"], "--concurrency must be in 1..1024"),
+    (["serving", "--profile", "CORRUPT"], "--profile"),
+    (["serving", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
+    (["ceiling", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
+    (["acceptance", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
+])
+def test_bench_values_that_would_fail_later_are_usage_errors(argv, message, monkeypatch, capsys, tmp_path):
+    """Values that pass argparse but would fail (or silently build a corpus at a mistyped path) stop the command
+    before any model loads, status 2, naming the option."""
+    from dspark_kernels.bench.__main__ import main
+
+    corrupt = tmp_path / "profile.json"
+    corrupt.write_text("{not json")
+    argv = [str(corrupt) if a == "CORRUPT" else a for a in argv]
+    monkeypatch.chdir(tmp_path)  # a relative mistyped corpus path resolves here, where nothing exists
+    monkeypatch.setattr("sys.argv", ["bench", *argv])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()  # no corpus was built at the mistyped path

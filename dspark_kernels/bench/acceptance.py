@@ -27,7 +27,7 @@ import random
 import time
 from pathlib import Path
 
-from ..cli_args import model_source, positive_int
+from ..cli_args import DEFAULT_CORPUS, check_corpus, model_source, positive_int
 from ..drafters import load_drafter
 from ..drafters.block_drafter import MAX_GAMMA
 from ..engine.speculative import speculative_generate
@@ -177,9 +177,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, default=None,
                    help="chat prompts: a prompt-set directory (its held-out prompts) or a JSON list of {id, prompt}; "
                         "default: windows of --corpus")
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
-                   help="corpus whose test split gives the prompt windows without --prompts (built there when it "
-                        "is missing, if the directory does not exist yet)")
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                   help=f"corpus whose test split gives the prompt windows without --prompts (the default, "
+                        f"{DEFAULT_CORPUS}, is built on first use; another path must hold a corpus)")
     p.add_argument("--domains", nargs="+", default=None,
                    help=f"domains (default: {', '.join(DOMAIN_SPLITS)} for corpus windows, "
                         f"{', '.join(PROMPT_DOMAINS)} for a prompt set)")
@@ -242,9 +242,8 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 read_prompt_file(args.prompts)
         except (OSError, ValueError) as e:
             p.error(str(e))
-    elif Path(args.corpus).exists() and not (Path(args.corpus) / "manifest.json").exists():
-        p.error(f"--corpus {args.corpus} exists but holds no corpus (no manifest.json); build one with "
-                f"`python -m dspark_kernels.train.corpus --out {args.corpus}`")
+    else:
+        args.build_corpus = check_corpus(p, args.corpus)
 
 
 def merge(paths: list[Path]) -> dict:
@@ -266,7 +265,7 @@ def main(args: argparse.Namespace) -> None:
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"error: --merge: {e}") from None
     else:
-        if args.prompts is None and not (Path(args.corpus) / "manifest.json").exists():
+        if args.prompts is None and getattr(args, "build_corpus", False):
             build_corpus(Path(args.corpus))
         data = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -202,7 +202,7 @@ def main(args: argparse.Namespace) -> None:
     for name in ("num_prompts", "span", "stride", "paths", "gamma"):  # for callers that bypass the parser
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not (Path(args.corpus) / "manifest.json").exists():
+    if getattr(args, "build_corpus", False):
         build_corpus(Path(args.corpus))
     data = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -51,8 +51,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import fraction_below_one, model_source, non_negative_float, positive_float, positive_int
-from ..drafters import NullDrafter, load_drafter
+from ..cli_args import (
+    DEFAULT_CORPUS,
+    fraction_below_one,
+    model_source,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
+from ..drafters import MAX_GAMMA, NullDrafter, load_drafter
 from ..engine.engine import Engine, run_closed_loop
 from ..engine.policies import GATED_POLICY_NAMES, POLICY_NAMES, make_policy
 from ..engine.replay import Traces, sweep
@@ -425,6 +432,32 @@ def run(args: argparse.Namespace) -> dict:
     return data
 
 
+MAX_CONCURRENCY = 1024
+
+
+def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors, before any model loads, for values argparse accepts but the run would fail on or silently
+    replace: unknown policies, a gamma beyond the drafters' blocks, a concurrency beyond what the engine serves, an
+    unreadable or invalid --profile, a --corpus that holds no corpus."""
+    known = (*POLICY_NAMES, *GATED_POLICY_NAMES)
+    unknown = [n for n in args.policies if n not in known]
+    if unknown:
+        p.error(f"--policies {unknown}: choose from {', '.join(known)}")
+    if args.gamma > MAX_GAMMA:
+        p.error(f"--gamma must be in 1..{MAX_GAMMA}, got {args.gamma}")
+    too_many = [c for c in args.concurrency or () if c > MAX_CONCURRENCY]
+    if too_many:
+        p.error(f"--concurrency must be in 1..{MAX_CONCURRENCY}, got {too_many}")
+    if args.profile is not None:
+        try:
+            read_profile(args.profile)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            p.error(f"--profile {args.profile}: {e}")
+    if not (Path(args.corpus) / "manifest.json").is_file() and Path(args.corpus) != DEFAULT_CORPUS:
+        p.error(f"--corpus {args.corpus} holds no corpus (no manifest.json); build one there with "
+                f"`python -m dspark_kernels.train.corpus --out {args.corpus}`")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=("live", "replay"), default="replay")
     p.add_argument("--model", type=model_source, default="dspark-target",
@@ -443,7 +476,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(seeded; the same draws for every policy), so requests do not start and finish in lockstep "
                         "as they never do in serving; 0: every request gets exactly --max-new-tokens")
     p.add_argument("--prompt-len", type=positive_int, default=64)
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
+                   help="corpus whose test split gives the prompts (without one at the default path: seeded random "
+                        "token ids, labelled so)")
     p.add_argument("--domain", default="prose")
     p.add_argument("--requests-per-level", type=positive_int, default=8, help="live: requests = this x concurrency")
     p.add_argument("--min-requests", type=positive_int, default=4, help="live: at least this many requests per point")
