@@ -41,9 +41,14 @@ def check_decode_args(max_new_tokens: object, page_size: object) -> None:
         raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
 
 
+UNSET_MAX_POSITIONS = 131072
+
+
 def check_requests(config: ModelConfig, prompts: Iterable[Sequence[int]], max_new_tokens: int,
                    eos_token_id: object) -> tuple[list[list[int]], frozenset[int]]:
-    """:func:`check_prompts` and :func:`stop_tokens` against a model's config (its vocabulary and positions)."""
+    """:func:`check_prompts` and :func:`stop_tokens` against a model's config (its vocabulary and positions). A config
+    without ``max_position_embeddings`` is bounded at :data:`UNSET_MAX_POSITIONS` positions per request, so a huge
+    ``max_new_tokens`` is refused before the decode loops allocate its KV cache up front."""
     return (check_prompts(prompts, config.vocab_size, max_new_tokens, config.max_position_embeddings),
             stop_tokens(eos_token_id, config.vocab_size))
 
@@ -65,6 +70,10 @@ def check_prompts(prompts: Iterable[Sequence[int]], vocab_size: int, max_new_tok
         if max_positions is not None and len(ids) + max_new_tokens > max_positions:
             raise ValueError(f"prompt {i} ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                              f"max_position_embeddings ({max_positions})")
+        if max_positions is None and len(ids) + max_new_tokens > UNSET_MAX_POSITIONS:
+            raise ValueError(f"prompt {i} ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+                             f"{UNSET_MAX_POSITIONS} positions, the bound for a model whose config sets no "
+                             f"max_position_embeddings (its KV cache is allocated up front)")
         out.append(ids)
     return out
 

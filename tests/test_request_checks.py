@@ -47,6 +47,9 @@ def test_check_prompts_copies_and_rejects():
         with pytest.raises(err, match=match):
             check_prompts(bad, 10, 4, 8)
     assert check_prompts([[1] * 50], 10, 4, None) == [[1] * 50]
+    # no max_position_embeddings: bounded before the KV cache is allocated up front
+    with pytest.raises(ValueError, match="sets no max_position_embeddings"):
+        check_prompts([[1, 2]], 10, 10**7, None)
 
 
 def test_stop_tokens():
