@@ -33,6 +33,15 @@ def _token_id(name: str, t: object, vocab_size: int) -> int:
     return value
 
 
+def check_model(model: object, name: str) -> None:
+    """``model`` must be a loaded target (:func:`dspark_kernels.models.load_model`), not a path or name."""
+    from .models.transformer import CausalLM
+
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"{name} must be a loaded model (dspark_kernels.models.load_model(...)), got "
+                        f"{type(model).__name__}")
+
+
 def check_decode_args(max_new_tokens: object, page_size: object) -> None:
     """A decode call's ``max_new_tokens`` (an int >= 0, not a bool) and KV-cache ``page_size`` (an int >= 1)."""
     if not is_int(max_new_tokens) or max_new_tokens < 0:

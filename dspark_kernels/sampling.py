@@ -87,6 +87,11 @@ class Sampling:
 def per_request(name: str, value, n: int, cast) -> list:
     """``value`` as a list of ``n`` entries converted by ``cast(name, entry)`` (:func:`as_int`, :func:`as_real`):
     a scalar repeated, or one entry per prompt (checked)."""
+    if isinstance(value, torch.Tensor):  # a 0-d or 1-d tensor of values, read on the host
+        if value.dim() > 1:
+            raise ValueError(f"{name} must be a scalar or one value per prompt, got a tensor of shape "
+                             f"{tuple(value.shape)}")
+        value = value.tolist()
     if isinstance(value, numbers.Number):
         return [cast(name, value)] * n
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):

@@ -217,3 +217,48 @@ def test_a_temperature_too_small_for_the_logits_is_an_error_in_every_decode_loop
     check_step_logits(logits, ["a", "b"], temperature=torch.tensor([0.0, 1e-30]))  # greedy row: no division
     with pytest.raises(ValueError, match="request a is too small"):
         check_step_logits(logits, ["a", "b"], temperature=torch.tensor([1e-10, 1.0]))
+
+
+def test_wrong_types_name_the_argument(target, drafter, tmp_path, monkeypatch):
+    """Wrong types fail up front naming the argument; tensors are read as values; bools are not counts; a seed is
+    refused alike by generate and the engine; a corrupt drafter config names its file."""
+    from dspark_kernels.adapters.sglang import schedule_verify_lens_topk
+    from dspark_kernels.drafters import load_drafter
+    from dspark_kernels.models import PagedKVCache
+
+    with pytest.raises(TypeError, match="model must be a loaded model"):
+        generate("path/to/model", [[1, 2]], 2)
+    with pytest.raises(TypeError, match="drafter must be a drafter"):
+        speculative_generate(target, None, [[1, 2]], 2, 3)
+    with pytest.raises(TypeError, match="target must be a loaded model"):
+        speculative_generate("x", drafter, [[1, 2]], 2, 3)
+    a = generate(target, [[1, 2]], 3, temperature=torch.tensor(0.7), seeds=[1]).tokens
+    assert a == generate(target, [[1, 2]], 3, temperature=0.7, seeds=[1]).tokens
+    with pytest.raises(ValueError, match="num_layers must be a positive int"):
+        PagedKVCache(True, 4, 4, 1, 8)
+    conf = torch.rand(2, 4)
+    with pytest.raises(ValueError, match="min_verify_len"):
+        schedule_verify_lens_topk(conf, 2, min_verify_len=True)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        load_model(tmp_path, device="cuda")
+    engine = Engine(target, drafter, make_policy("fixed3"), flat_profile(64, 100.0), gamma=7, max_seq_len=64)
+    with pytest.raises(ValueError, match=r"seed must be in \[0, "):
+        engine.add_request([1, 2], 4, seed=-1)
+    for content, message in [("{not json", "is not valid JSON"), ("[1, 2]", "must hold a JSON object")]:
+        bad = tmp_path / "drafter"
+        bad.mkdir(exist_ok=True)
+        (bad / "drafter_config.json").write_text(content)
+        (bad / "model.safetensors").write_bytes(b"")
+        with pytest.raises(ValueError, match=message) as exc:
+            load_drafter(bad, target)
+        assert "drafter_config.json" in str(exc.value)
+
+
+def test_the_vllm_adapter_names_a_leading_zero_in_its_offsets():
+    from dspark_kernels.adapters.vllm import rejection_sample_vllm
+
+    v = 16
+    with pytest.raises(ValueError, match="cu_num_draft_tokens must hold one inclusive count per request"):
+        rejection_sample_vllm(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3], dtype=torch.int32), 2, None,
+                              torch.randn(5, v), None, None, None, torch.tensor([1, 2]), torch.tensor([0, 0]))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..ops import prefix_survival, select_verify_lengths_alg1, select_verify_lengths_topk
-from ..ops._validate import INDEX_DTYPES, check_range, check_shape, check_tensor
+from ..ops._validate import INDEX_DTYPES, check_range, check_shape, check_tensor, is_int
 
 
 def _dense_offsets(conf: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,7 @@ def _dense_offsets(conf: torch.Tensor) -> torch.Tensor:
 def _window(gamma: int, min_verify_len: int, max_len: int | None) -> int:
     """``max_len`` (default gamma) after checking ``0 <= min_verify_len <= max_len <= gamma``."""
     hi = gamma if max_len is None else max_len
-    if not (isinstance(min_verify_len, int) and isinstance(hi, int) and 0 <= min_verify_len <= hi <= gamma):
+    if not (is_int(min_verify_len) and is_int(hi) and 0 <= min_verify_len <= hi <= gamma):
         raise ValueError(f"need ints 0 <= min_verify_len <= max_len <= gamma ({gamma}), got {min_verify_len}, "
                          f"{max_len}")
     return hi

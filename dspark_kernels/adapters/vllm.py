@@ -65,6 +65,12 @@ def rejection_sample_vllm(
     ``check_inputs`` (default) validates everything, the offsets and the noise's inputs first; ``False`` makes no host
     sync.
     """
+    if check_inputs and isinstance(seeds, torch.Tensor) and isinstance(cu_num_draft_tokens, torch.Tensor) \
+            and cu_num_draft_tokens.dim() == 1 and seeds.dim() == 1 \
+            and cu_num_draft_tokens.shape[0] == seeds.shape[0] + 1 and int(cu_num_draft_tokens[0]) == 0:
+        raise ValueError(f"cu_num_draft_tokens must hold one inclusive count per request ({seeds.shape[0]} requests, "
+                         f"as in seeds), got {cu_num_draft_tokens.shape[0]} entries (vLLM's layout has no leading "
+                         f"zero)")
     cu = offsets_from_vllm_cu(cu_num_draft_tokens)
     b = cu.shape[0] - 1
     if check_inputs:  # the noise below reads the offsets and seeds: check them before it is made

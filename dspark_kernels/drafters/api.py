@@ -132,7 +132,12 @@ def read_drafter_config(path: str | Path, drafter_type: str | None = None) -> di
     for f in (cfg_file, weights):
         if not f.exists():
             raise FileNotFoundError(f"drafter checkpoint file missing: {f}")
-    raw = json.loads(cfg_file.read_text())
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{cfg_file} must hold a JSON object of drafter settings, got {type(raw).__name__}")
     kind = raw.pop("drafter_type", None)
     if drafter_type is not None and kind != drafter_type:
         raise ValueError(f"{cfg_file}: drafter_type must be {drafter_type!r}, got {kind!r}")

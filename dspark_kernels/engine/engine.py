@@ -188,7 +188,7 @@ class Engine:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         (prompt,), stop = check_requests(self.target.config, [prompt], max_new_tokens, eos)
         check_sampling(temperature, top_k, top_p)
-        seed = int(torch.randint(0, INT32_MAX, ()).item()) if seed is None else as_int("seed", seed, -2**63)
+        seed = int(torch.randint(0, INT32_MAX, ()).item()) if seed is None else as_int("seed", seed)
         need = len(prompt) + max_new_tokens + self.gamma + 1
         if need > self.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + gamma + 1 = {need} "

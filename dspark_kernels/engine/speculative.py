@@ -36,7 +36,7 @@ import torch
 
 from ..drafters import Drafter, check_drafter_target, check_gamma
 from ..models import CausalLM
-from ..request_checks import check_decode_args, check_requests
+from ..request_checks import check_decode_args, check_model, check_requests
 from ..sampling import PromptSampling, Sampling
 from .draft_length import AdaptiveDraftLength
 from .rounds import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
@@ -120,6 +120,10 @@ def speculative_generate(
     ``extra["trace_request"] [rounds]``): the data for calibration and for replaying scheduling policies (fixed
     draft length only). ``draft_length``: an :class:`~.draft_length.AdaptiveDraftLength` (``gamma`` is then the most
     a request drafts in a round); it is reset for this call."""
+    check_model(target, "target")
+    if not callable(getattr(drafter, "draft", None)):
+        raise TypeError(f"drafter must be a drafter (dspark_kernels.drafters.load_drafter(...), or NullDrafter() for "
+                        f"plain decoding), got {type(drafter).__name__}")
     check_decode_args(max_new_tokens, page_size)
     check_gamma(drafter, gamma)
     check_drafter_target(drafter, target)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..reference._sampling import argmax_rows
-from ..request_checks import check_decode_args, check_requests, check_step_logits
+from ..request_checks import check_decode_args, check_model, check_requests, check_step_logits
 from ..sampling import PromptSampling, next_tokens
 from .transformer import CausalLM, ForwardOutput
 
@@ -89,6 +89,7 @@ def generate(
     Returns:
         :class:`GenerateResult`.
     """
+    check_model(model, "model")
     check_decode_args(max_new_tokens, page_size)
     prompts, eos = check_requests(model.config, prompts, max_new_tokens, eos_token_id)
     n = len(prompts)

@@ -48,7 +48,7 @@ class PagedKVCache:
     ) -> None:
         for name, val in (("num_layers", num_layers), ("num_pages", num_pages), ("page_size", page_size),
                           ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            if not isinstance(val, int) or val <= 0:
+            if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive int, got {val!r}")
         self.num_layers, self.num_pages, self.page_size = num_layers, num_pages, page_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim

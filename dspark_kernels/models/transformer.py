@@ -370,6 +370,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: tor
         device = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device must name a torch device (e.g. 'cpu', 'cuda:0'), got {device!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r}: no CUDA device is available (torch.cuda.is_available() is False)")
     cfg, sd = load_weights(path, dtype=dtype)
     sd = {k: v.to(device) for k, v in sd.items()}
     if cfg.tie_word_embeddings and sd["lm_head.weight"] is not sd["model.embed_tokens.weight"]:
