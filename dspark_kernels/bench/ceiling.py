@@ -181,19 +181,26 @@ def entropy_table(data: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--domains", nargs="+", default=list(DOMAIN_SPLITS))
-    p.add_argument("--num-prompts", type=positive_int, default=12)
-    p.add_argument("--prompt-len", type=positive_int, default=64)
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                   help="corpus whose test split gives the prompts (the default is built on first use)")
+    p.add_argument("--domains", nargs="+", default=list(DOMAIN_SPLITS),
+                   help="corpus domains to measure")
+    p.add_argument("--num-prompts", type=positive_int, default=12,
+                   help="prompts per domain")
+    p.add_argument("--prompt-len", type=positive_int, default=64,
+                   help="tokens per prompt")
     p.add_argument("--span", type=positive_int, default=96, help="tokens the target continues each prompt by (T = 1)")
     p.add_argument("--stride", type=positive_int, default=12,
                    help="an anchor every this many tokens of the continuation")
     p.add_argument("--paths", type=positive_int, default=32, help="continuations sampled per anchor")
-    p.add_argument("--gamma", type=positive_int, default=7)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gamma", type=positive_int, default=7,
+                   help="block size whose accepted length the ceiling bounds")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompt windows")
     p.add_argument("--acceptance", type=Path, default=Path("results/acceptance.json"),
                    help="acceptance-benchmark JSON whose measured rows the table shows next to the ceiling")
-    p.add_argument("--json", type=Path, default=Path("results/ceiling.json"))
+    p.add_argument("--json", type=Path, default=Path("results/ceiling.json"),
+                   help="result JSON (a markdown table is written next to it)")
 
 
 def main(args: argparse.Namespace) -> None:

@@ -459,27 +459,37 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("live", "replay"), default="replay")
+    p.add_argument("--mode", choices=("live", "replay"), default="replay",
+                   help="live: closed-loop serving on this machine; replay: recorded acceptance traces against an SPS "
+                        "profile")
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark")
-    p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES))
+    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark",
+                   help="DSpark drafter directory (the confidence policies read its calibrated head)")
+    p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES),
+                   help="verify policies to compare (none, mtp1, fixedK, threshold0.5, smartspec, dspark, "
+                        "dspark_prod, oracle, and the +gate variants)")
     p.add_argument("--mtp1-drafter", type=Path, default=ASSETS / "drafters" / "mtp1",
                    help="live: the drafter the mtp1 policy runs with, at gamma 1 (missing: --drafter's first draft)")
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=None,
                    help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
-    p.add_argument("--gamma", type=positive_int, default=7)
-    p.add_argument("--temperature", type=non_negative_float, default=1.0)
-    p.add_argument("--max-new-tokens", type=positive_int, default=64)
+    p.add_argument("--gamma", type=positive_int, default=7,
+                   help="drafts per request per round (the block size), 1..16")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0,
+                   help="sampling temperature of every request (0 = greedy)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=64,
+                   help="mean new tokens per request (see --length-range)")
     p.add_argument("--length-range", type=fraction_below_one, default=0.5,
                    help="live: each request's cap on new tokens is drawn from [1 - x, 1 + x] x --max-new-tokens "
                         "(seeded; the same draws for every policy), so requests do not start and finish in lockstep "
                         "as they never do in serving; 0: every request gets exactly --max-new-tokens")
-    p.add_argument("--prompt-len", type=positive_int, default=64)
+    p.add_argument("--prompt-len", type=positive_int, default=64,
+                   help="tokens per prompt")
     p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS,
                    help="corpus whose test split gives the prompts (without one at the default path: seeded random "
                         "token ids, labelled so)")
-    p.add_argument("--domain", default="prose")
+    p.add_argument("--domain", default="prose",
+                   help="corpus domain the prompts come from")
     p.add_argument("--requests-per-level", type=positive_int, default=8, help="live: requests = this x concurrency")
     p.add_argument("--min-requests", type=positive_int, default=4, help="live: at least this many requests per point")
     p.add_argument("--repeats", type=positive_int, default=3,
@@ -491,13 +501,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="live: measure the profiles anew and overwrite the stored ones (a CPU profile describes the "
                         "machine as it was when measured: one taken while other work shared the cores reads slow)")
     p.add_argument("--speeds", type=positive_float, nargs="+", default=None, help="per-user speeds for read-out (a)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompts, lengths and sampling")
     p.add_argument("--gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="live: linear-layer weight dtype of target and drafter (bfloat16: weight-only bf16 GEMMs)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="live: the target with batch-invariant attention (a request's greedy output does not depend on "
                         "what it is batched with): what deterministic serving costs")
-    p.add_argument("--json", type=Path, default=Path("results/serving.json"))
+    p.add_argument("--json", type=Path, default=Path("results/serving.json"),
+                   help="result JSON (a CSV and a plot are written next to it)")
 
 
 def main(args: argparse.Namespace) -> None:

@@ -416,8 +416,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=256, help="profile B = 1..max-batch verify tokens")
     p.add_argument("--context", type=int, default=512, help="cached tokens per request")
     p.add_argument("--tokens-per-request", type=int, default=8, help="new tokens per request (1 + drafts)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed forwards before each measurement")
+    p.add_argument("--repeats", type=int, default=10,
+                   help="timed forwards per batch size")
     p.add_argument("--drafter", type=Path, default=None,
                    help="also profile this drafter's rounds by request count at --gamma slots and at one (saved as "
                         "<model>+<drafter>-rounds and <model>+<drafter>-rounds-w1)")

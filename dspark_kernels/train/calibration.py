@@ -443,16 +443,23 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--drafter", type=Path, default=Path("dspark_kernels/assets/drafters/dspark"))
-    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"))
-    p.add_argument("--gamma", type=positive_int, default=15)
-    p.add_argument("--temperature", type=non_negative_float, default=1.0)
+    p.add_argument("--drafter", type=Path, default=Path("dspark_kernels/assets/drafters/dspark"),
+                   help="DSpark drafter directory (calibration.json is written into it)")
+    p.add_argument("--rollouts", type=Path, default=Path("data/rollouts"),
+                   help="rollout directory whose held-out prompts are decoded")
+    p.add_argument("--gamma", type=positive_int, default=15,
+                   help="block size of the decoded rounds")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0,
+                   help="sampling temperature of the decoded rounds")
     p.add_argument("--num-prompts", type=positive_int, default=2048,
                    help="held-out prompts to decode (all of them when fewer); the ECE floor shrinks as 1/sqrt(rounds)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--bins", type=positive_int, default=ECE_BINS)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128,
+                   help="new tokens per prompt")
+    p.add_argument("--bins", type=positive_int, default=ECE_BINS,
+                   help="bins of the expected calibration error")
     p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="device to decode on")
     args = p.parse_args(argv)
     with missing_inputs_are_usage_errors(p):
         run(args)

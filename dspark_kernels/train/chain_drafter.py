@@ -118,8 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps-unroll", type=non_negative_int, default=0,
                    help="chain steps trained (default: eagle 4, mtp1 1)")
     p.add_argument("--feature-layer", type=int, default=-1, help="target layer (-1 = last non-final layer)")
-    p.add_argument("--ce-weight", type=non_negative_float, default=0.1)
-    p.add_argument("--tv-weight", type=non_negative_float, default=0.9)
+    p.add_argument("--ce-weight", type=non_negative_float, default=0.1,
+                   help="weight of the cross-entropy against the rollout token")
+    p.add_argument("--tv-weight", type=non_negative_float, default=0.9,
+                   help="weight of the L1 distance to the target's distribution")
     add_training_arguments(p)
     p.add_argument("--positions", type=non_negative_int, default=128,
                    help="supervised positions sampled per sequence and step (0 = all; bounds the logits' memory)")

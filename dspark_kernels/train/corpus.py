@@ -147,7 +147,8 @@ def read_split(corpus_dir: Path, domain: str, split: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("data/corpus"))
+    parser.add_argument("--out", type=Path, default=Path("data/corpus"),
+                        help="directory the corpus (JSONL splits per domain, manifest) is written to")
     args = parser.parse_args(argv)
     manifest = build_corpus(args.out)
     for key, info in manifest["splits"].items():

@@ -97,16 +97,24 @@ def train(args: argparse.Namespace) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--name", default="dspark")
-    p.add_argument("--loss", choices=sorted(LOSS_WEIGHTS), default="dspark")
-    p.add_argument("--head", choices=("vanilla", "gated", "rnn"), default="vanilla")
+    p.add_argument("--name", default="dspark",
+                   help="drafter name (the work directory defaults to data/drafter_runs/<name>)")
+    p.add_argument("--loss", choices=sorted(LOSS_WEIGHTS), default="dspark",
+                   help="dspark: 0.1 CE + 0.9 L1 + confidence BCE; dflash: CE only, no confidence head")
+    p.add_argument("--head", choices=("vanilla", "gated", "rnn"), default="vanilla",
+                   help="sequential head kind: vanilla (low-rank Markov bias), gated, or rnn")
     p.add_argument("--rank", type=non_negative_int, default=64, help="Markov rank (0 = pure DFlash)")
-    p.add_argument("--layers", type=positive_int, default=2)
-    p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4])
-    p.add_argument("--mask-token-id", type=int, default=MASK_ID)
-    p.add_argument("--gammas", type=positive_int, nargs="+", default=[7, 15])
+    p.add_argument("--layers", type=positive_int, default=2,
+                   help="draft decoder layers")
+    p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4],
+                   help="target decoder layers whose hidden states condition the drafter")
+    p.add_argument("--mask-token-id", type=int, default=MASK_ID,
+                   help="token id whose embedding fills the block's masked slots")
+    p.add_argument("--gammas", type=positive_int, nargs="+", default=[7, 15],
+                   help="block sizes, one drawn per step (one checkpoint serves them all)")
     add_training_arguments(p)
-    p.add_argument("--anchors", type=positive_int, default=32)
+    p.add_argument("--anchors", type=positive_int, default=32,
+                   help="blocks (anchor positions) per rollout per step")
     add_optimiser_arguments(p)
     return p
 

@@ -114,15 +114,21 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rollouts", type=Path, nargs="+", default=[Path("data/rollouts")],
                    help="rollout directories; the train rollouts of all of them are pooled")
     p.add_argument("--work-dir", type=Path, default=None, help="default: data/drafter_runs/<name>")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--steps", type=positive_int, default=600)
-    p.add_argument("--batch-size", type=positive_int, default=8)
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory the trained drafter is saved to (bf16, with train_summary.json)")
+    p.add_argument("--steps", type=positive_int, default=600,
+                   help="optimiser steps (the cosine schedule spans them)")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="rollouts per step")
 
 
 def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--lr", type=non_negative_float, default=1e-3)
-    p.add_argument("--ckpt-every", type=positive_int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=non_negative_float, default=1e-3,
+                   help="peak learning rate (AdamW, linear warmup over 4% of the steps, cosine decay to 0)")
+    p.add_argument("--ckpt-every", type=positive_int, default=50,
+                   help="steps between checkpoints in the work directory")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initialisation and the batch sampler")
     p.add_argument("--resume", action="store_true",
                    help="continue from work_dir/checkpoint.pt (starts from step 0, with a notice, if there is none)")
     p.add_argument("--init", type=Path, default=None,

@@ -164,10 +164,14 @@ of DSpark: `python -m dspark_kernels.bench peers` hands it to `transformers`' as
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"))
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--train-summary", type=Path, default=Path("data/target_run/summary.json"))
-    p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/README.md"))
+    p.add_argument("--model", type=Path, default=Path("dspark_kernels/assets/target"),
+                   help="trained target directory (metrics.json is written into it)")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                   help="corpus of its training")
+    p.add_argument("--train-summary", type=Path, default=Path("data/target_run/summary.json"),
+                   help="the target trainer's summary.json")
+    p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/README.md"),
+                   help="model card (markdown) to write")
     p.add_argument("--note", default="", help="free text appended to the card (e.g. how the shipped run differed)")
     args = p.parse_args(argv)
     metrics = write_card(args.model, args.corpus, args.train_summary, args.out, args.note)

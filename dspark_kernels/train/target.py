@@ -206,18 +206,28 @@ def train(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--tokenizer", type=Path, default=Path("dspark_kernels/assets/target/tokenizer.json"))
-    p.add_argument("--work-dir", type=Path, default=Path("data/target_run"))
-    p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/target"))
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                   help="training corpus")
+    p.add_argument("--tokenizer", type=Path, default=Path("dspark_kernels/assets/target/tokenizer.json"),
+                   help="tokenizer.json of the target")
+    p.add_argument("--work-dir", type=Path, default=Path("data/target_run"),
+                   help="checkpoints and logs")
+    p.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/target"),
+                   help="directory the trained model is saved to")
     p.add_argument("--size", choices=sorted(SIZES), default="target",
                    help="model size preset (assistant: 2 layers, hidden 128, for the peer benchmark)")
-    p.add_argument("--max-steps", type=int, default=1500)
-    p.add_argument("--max-minutes", type=float, default=110.0)
-    p.add_argument("--eval-every", type=int, default=250)
-    p.add_argument("--ckpt-every", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true")
+    p.add_argument("--max-steps", type=int, default=1500,
+                   help="optimiser steps")
+    p.add_argument("--max-minutes", type=float, default=110.0,
+                   help="stop (and save) after this many minutes")
+    p.add_argument("--eval-every", type=int, default=250,
+                   help="steps between validation evaluations")
+    p.add_argument("--ckpt-every", type=int, default=100,
+                   help="steps between checkpoints")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the initialisation and batches")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the work directory's checkpoint")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     args = p.parse_args(argv)
     if args.threads:

@@ -52,9 +52,12 @@ def load_tokenizer(path: Path):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    parser.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/target"))
-    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--corpus", type=Path, default=Path("data/corpus"),
+                        help="corpus the tokenizer is trained on")
+    parser.add_argument("--out", type=Path, default=Path("dspark_kernels/assets/target"),
+                        help="directory tokenizer.json is written to")
+    parser.add_argument("--vocab-size", type=int, default=8192,
+                        help="vocabulary size of the byte-level BPE")
     args = parser.parse_args(argv)
     tok = train_tokenizer(args.corpus, args.vocab_size)
     args.out.mkdir(parents=True, exist_ok=True)
