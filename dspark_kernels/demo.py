@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
         ar = _run_ar(target, ids, args, eos)
         results = {}
         for name, drafter in methods.items():
-            pieces = tokenizer.stream()
+            pieces = tokenizer.stream(skip_special_tokens=True)
             stream = (lambda i, toks: (sys.stdout.write(pieces.push(toks)), sys.stdout.flush())) \
                 if name == "dspark" else None
             results[name] = _run_spec(target, drafter, ids, args, eos, schedules[name], on_tokens=stream)
