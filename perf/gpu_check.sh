@@ -3,7 +3,7 @@
 #   bash perf/gpu_check.sh            # results in ./gpu_results/ (or $GPU_RESULTS/ when set)
 # When OUT is set (the device tool's output folder, which returns at most 8 files), the results are also packed into
 # $OUT/gpu_results.tgz, with summary.txt beside it.
-# Step timeouts sum to 500 s (+5 s kill grace each: 540 s if every step timed out), so the check ends within 9 minutes.
+# Step timeouts sum to 495 s (+5 s kill grace each: 535 s if every step timed out), so the check ends within 9 minutes.
 # Steps (each with its own timeout; a failing step is recorded and the next one runs), ~8 minutes in all:
 #   env (nvidia-smi, versions) -> kernel tests on the GPU, interpreter off (junit xml) -> perf suite (benchmark json)
 #   -> perf table + plot (perf/report.py) -> autotuner (configs into the output folder, copied to autotune/configs/) -> SPS profile of the shipped target
@@ -88,8 +88,8 @@ real_target() {  # the demo on SmolLM2 when its GGUF is cached
         echo "SmolLM2-135M-Instruct is not in the model cache (\$DSPARK_CACHE): real-target step skipped"
         return 0
     fi
-    $PY -m dspark_kernels.demo --gemm-dtype bfloat16 --drafter-gemm-dtype bfloat16 --max-new-tokens 128 \
-        --repeats 2 --json "$OUT_DIR/demo_smollm2.json"
+    $PY -m dspark_kernels.demo --gemm-dtype bfloat16 --drafter-gemm-dtype bfloat16 --max-new-tokens 48 \
+        --repeats 1 --draft-length fixed --json "$OUT_DIR/demo_smollm2.json"
 }
 
 export -f envinfo install_pkg tune real_target
@@ -105,7 +105,7 @@ step perf_report 10 $PY perf/report.py "$OUT_DIR/perf.json" --drop-samples
 step autotune 120 tune
 step sps 45 $PY -m dspark_kernels.engine.sps --max-batch 256 --warmup 2 --repeats 5 \
     --drafter dspark_kernels/assets/drafters/dspark --max-requests 32 --out-dir "$OUT_DIR/sps" --out-dir autotune/sps
-step real_target 60 real_target
+step real_target 55 real_target
 
 {
     echo "dspark-kernels GPU check  $(date -u +%Y-%m-%dT%H:%M:%SZ)  total $(( $(date +%s) - START ))s"

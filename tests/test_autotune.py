@@ -200,9 +200,9 @@ def test_gpu_check_script_syntax():
     for needle in ("TRITON_INTERPRET", "--junitxml", "--benchmark-json", "dspark_kernels.autotune",
                    "dspark_kernels.engine.sps", "summary.txt", "autotune/configs", "autotune/sps"):
         assert needle in text
-    # the budget: under 8 minutes even if every step runs into its timeout (+5 s kill grace each)
+    # within 9 minutes even if every step runs into its timeout (+5 s kill grace each), inside a lent machine's 10
     limits = [int(m) for m in re.findall(r"^step \S+ (\d+) ", text, flags=re.M)]
-    assert len(limits) == 7 and sum(limits) + 5 * len(limits) < 480
+    assert len(limits) == 8 and sum(limits) + 5 * len(limits) < 540
 
 
 def test_sps_cli(tmp_path):
