@@ -85,3 +85,14 @@ def test_prompt_length_beyond_every_document_is_a_clear_error(tmp_path):
     tokenizer = load_target_tokenizer(ASSETS / "target")
     with pytest.raises(ValueError, match="--prompt-len 100000: no code document"):
         acceptance.benchmark_prompts(tokenizer, corpus, "code", 2, 100000, 0)
+
+
+def test_a_corrupt_merge_file_is_a_clear_error(tmp_path, monkeypatch):
+    from dspark_kernels.bench import __main__ as bench_main
+
+    bad = tmp_path / "run.json"
+    bad.write_text("{not json")
+    monkeypatch.setattr("sys.argv", ["bench", "acceptance", "--merge", str(bad), "--json", str(tmp_path / "out.json")])
+    with pytest.raises(SystemExit, match="--merge"):
+        bench_main.main()
+    assert not (tmp_path / "out.json").exists()

@@ -232,6 +232,8 @@ def test_wrong_types_name_the_argument(target, drafter, tmp_path, monkeypatch):
         speculative_generate(target, None, [[1, 2]], 2, 3)
     with pytest.raises(TypeError, match="target must be a loaded model"):
         speculative_generate("x", drafter, [[1, 2]], 2, 3)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got np.int64"):
+        generate(target, [[1, 2]], np.int64(3))
     a = generate(target, [[1, 2]], 3, temperature=torch.tensor(0.7), seeds=[1]).tokens
     assert a == generate(target, [[1, 2]], 3, temperature=0.7, seeds=[1]).tokens
     with pytest.raises(ValueError, match="num_layers must be a positive int"):
