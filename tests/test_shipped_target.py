@@ -62,9 +62,13 @@ def test_card_reports_a_trained_model():
 
 
 def test_shipped_assets_fit_the_budget():
-    """Target, drafters and the peer benchmark's assistant share one 50 MB budget."""
-    total = sum(p.stat().st_size for p in TARGET.parent.rglob("*") if p.is_file())
-    assert total < 50e6
+    """The small target, its drafters and the peer benchmark's assistant share one 50 MB budget; the drafters shipped
+    for SmolLM2-135M-Instruct (the target itself is fetched) one of 100 MB."""
+    real = TARGET.parent / "drafters" / "smollm2-135m-instruct"
+    files = [p for p in TARGET.parent.rglob("*") if p.is_file()]
+    small = sum(p.stat().st_size for p in files if real not in p.parents)
+    assert small < 50e6
+    assert 0 < sum(p.stat().st_size for p in files if real in p.parents) < 100e6
 
 
 def _copy(tmp_path):

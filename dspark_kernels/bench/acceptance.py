@@ -221,6 +221,8 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         args.drafter_dir = spec.drafters
     if args.drafters is None:
         args.drafters = [d for d in DRAFTERS if (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
+        if not args.drafters:
+            p.error(f"--drafter-dir: no such drafter under {args.drafter_dir} (looked for {', '.join(DRAFTERS)})")
     missing = [d for d in args.drafters if not (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
     if missing:
         p.error(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
