@@ -150,10 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"weights ({args.drafter_gemm_dtype} in the drafters)"
           f"{', batch-invariant attention' if args.batch_invariant else ''}")
     eos = list(tokenizer.eos_token_ids)
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode_chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
-
-    warm = encode("def f(x):")
+    warm = tokenizer.encode_prompt("def f(x):")
     _run_ar(target, warm, args, eos)
     schedules = {name: None for name in methods}
     for name, drafter in methods.items():
@@ -170,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     totals = {d: _zero_totals(methods) for d in ("all", *prompts)}
     by_prompt: list[dict] = []  # the same rows for each prompt alone (k = 1.. in the order decoded)
     for k, (domain, text) in enumerate(items, 1):
-        ids = encode(text)
+        ids = tokenizer.encode_prompt(text)
         print(f"--- [{k}/{len(items)}] {domain} --- DSpark output (streamed as accepted):")
         sys.stdout.write(f"[user] {text}\n[assistant] " if chat else text)
         ar = _run_ar(target, ids, args, eos)

@@ -136,18 +136,14 @@ def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model, gemm_dtype=args.gemm_dtype)
     tokenizer = load_target_tokenizer(args.model)
     eos = list(tokenizer.eos_token_ids)
-    chat = tokenizer.chat_template is not None
-    table = CHAT_PROMPTS if chat else TEXT_PROMPTS
+    table = CHAT_PROMPTS if tokenizer.chat_template is not None else TEXT_PROMPTS
     domains = args.domains or list(table)
     unknown = [d for d in domains if d not in table]
     if unknown:
         raise ValueError(f"--domains {unknown}: this target's prompts have domains {list(table)}")
 
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode_chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
-
-    prompts = [encode(t) for d in domains for t in table[d]]
-    warm = encode("def f(x):")
+    prompts = [tokenizer.encode_prompt(t) for d in domains for t in table[d]]
+    warm = tokenizer.encode_prompt("def f(x):")
 
     methods = {}
     if args.assistant is None:

@@ -75,6 +75,13 @@ class TargetTokenizer:
         return self.tokenizer.encode(self.render_chat(messages, add_generation_prompt),
                                      add_special_tokens=False).ids
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids of a prompt: ``text`` as the user's message through the chat template when there is one, else the
+        raw text with the tokenizer's prefix (:meth:`encode`)."""
+        if self.chat_template is None:
+            return self.encode(text)
+        return self.encode_chat([{"role": "user", "content": text}])
+
     def stream(self, skip_special_tokens: bool = False) -> StreamDecoder:
         """A decoder that turns ids pushed as they are generated into valid UTF-8 pieces."""
         return StreamDecoder(self.tokenizer, skip_special_tokens)

@@ -66,13 +66,18 @@ def _padded(rows: Sequence[torch.Tensor], seq_len: int) -> torch.Tensor:
     return out
 
 
+def _token_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens [B, L] int64 zero-padded, lens [B])`` of token sequences."""
+    tokens = torch.zeros(len(seqs), max(len(s) for s in seqs), dtype=torch.int64)
+    for i, seq in enumerate(seqs):
+        tokens[i, : len(seq)] = torch.tensor(seq)
+    return tokens, torch.tensor([len(s) for s in seqs])
+
+
 def forward_outputs(target: CausalLM, seqs: Sequence[Sequence[int]], feature_layers: tuple[int, ...],
                     prompt_lens: Sequence[int] | None = None) -> TargetOutputs:
     """One ragged target forward over whole token sequences (``prompt_lens``: recorded as given, default 0)."""
-    seq_len = max(len(s) for s in seqs)
-    tokens = torch.zeros(len(seqs), seq_len, dtype=torch.int64)
-    for i, seq in enumerate(seqs):
-        tokens[i, : len(seq)] = torch.tensor(seq)
+    tokens, lens = _token_batch(seqs)
     last_layer = target.config.num_hidden_layers - 1
     with torch.no_grad():
         out, cu = forward_sequences(target, seqs, hidden_layers=(*feature_layers, last_layer),
@@ -82,7 +87,8 @@ def forward_outputs(target: CausalLM, seqs: Sequence[Sequence[int]], feature_lay
     feats = [flat_feat[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     last = [out.hidden_states[last_layer][a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     # the padded copies are new tensors outside inference mode, so autograd may use them
-    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens, torch.tensor([len(s) for s in seqs]),
+    seq_len = tokens.shape[1]
+    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens, lens,
                          torch.tensor(list(prompt_lens) if prompt_lens is not None else [0] * len(seqs)))
 
 
@@ -95,16 +101,13 @@ def rollout_outputs(target: CausalLM, rollouts: Rollouts, indices: Sequence[int]
     stored = rollouts.feature_layers or ()
     if rollouts.features is None or not set(feature_layers) <= set(stored):
         return forward_outputs(target, seqs, feature_layers, prompt_lens)
-    seq_len = max(len(s) for s in seqs)
-    tokens = torch.zeros(len(seqs), seq_len, dtype=torch.int64)
-    for i, seq in enumerate(seqs):
-        tokens[i, : len(seq)] = torch.tensor(seq)
+    tokens, lens = _token_batch(seqs)
+    seq_len = tokens.shape[1]
     h = rollouts.features[indices[0]].last_hidden.shape[-1]
     cols = torch.cat([torch.arange(stored.index(layer) * h, (stored.index(layer) + 1) * h) for layer in feature_layers])
     feats = [rollouts.features[i].features[:, cols] for i in indices]
     last = [rollouts.features[i].last_hidden for i in indices]
-    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens,
-                         torch.tensor([len(s) for s in seqs]), torch.tensor(prompt_lens))
+    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens, lens, torch.tensor(prompt_lens))
 
 
 def sample_anchors(prompt_len: int, seq_len: int, num_anchors: int, rng: random.Random) -> list[int]:

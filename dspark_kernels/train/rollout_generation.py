@@ -101,8 +101,9 @@ def continuous_generate(
             feat = torch.cat([result.hidden_states[layer] for layer in layers], dim=-1).to("cpu", torch.bfloat16)
             last = result.hidden_states[last_layer].to("cpu", torch.float32)
             lse = torch.logsumexp(logits, dim=-1).cpu()
+            bounds = cu.tolist()
             for r, i in enumerate(live):
-                a, b = int(cu[r]), int(cu[r + 1])
+                a, b = bounds[r], bounds[r + 1]
                 st = state[i]
                 st.feats.append(feat[a:b])
                 st.last.append(last[a:b])
