@@ -43,3 +43,10 @@ def test_every_option_has_help(module, monkeypatch):
                for a in parser._actions
                if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction)) and not a.help]
     assert not missing, f"options without help text: {missing}"
+
+
+@pytest.mark.parametrize("module", MAINS)
+def test_help_renders(module, monkeypatch):
+    """``--help`` formats (a bare ``%`` in a help string breaks argparse's expansion)."""
+    for parser in _parsers(module, monkeypatch):
+        assert parser.format_help()

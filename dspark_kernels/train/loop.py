@@ -124,7 +124,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_optimiser_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=non_negative_float, default=1e-3,
-                   help="peak learning rate (AdamW, linear warmup over 4% of the steps, cosine decay to 0)")
+                   help="peak learning rate (AdamW, linear warmup over 4%% of the steps, cosine decay to 0)")
     p.add_argument("--ckpt-every", type=positive_int, default=50,
                    help="steps between checkpoints in the work directory")
     p.add_argument("--seed", type=int, default=0,
