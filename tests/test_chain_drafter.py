@@ -239,3 +239,22 @@ def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
     (tmp_path / "d" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_chain_drafter(tmp_path / "d", target)
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_unrolled_attention_equals_the_dense_mask(k):
+    """The diagonal form of a training unroll step's attention equals attention over every step's keys under the
+    dense ``[L, k * L]`` visibility mask it replaces (GQA heads included)."""
+    from dspark_kernels.drafters.chain_drafter import _unrolled_attention
+
+    g = torch.Generator().manual_seed(k)
+    b, hq, hkv, seq_len, d = 2, 6, 2, 13, 8
+    q = torch.randn(b, hq, seq_len, d, generator=g)
+    keys = [torch.randn(b, hkv, seq_len, d, generator=g) for _ in range(k)]
+    values = [torch.randn(b, hkv, seq_len, d, generator=g) for _ in range(k)]
+    pos = torch.arange(seq_len)
+    s, t = pos[None, :], pos[:, None]
+    mask = torch.cat([s <= t - k + 1] + [s == t - k + j for j in range(2, k + 1)], dim=1)
+    dense = torch.nn.functional.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(values, 2),
+                                                            attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(_unrolled_attention(q, keys, values, k), dense, rtol=1e-5, atol=1e-5)

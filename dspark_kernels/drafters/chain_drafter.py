@@ -332,8 +332,6 @@ class ChainDrafter(nn.Module):
         nxt = torch.cat([tokens[:, 1:], tokens.new_zeros(b, 1)], dim=1)  # x_{t+1} at position t
         pos = torch.arange(seq_len, device=dev)
         cos, sin = self._rope(pos.repeat(b))
-        s = pos[None, :]
-        t = pos[:, None]
         keys, values, logits_out, hidden_out = [], [], [], []
         feats = features.to(self.dtype)
         for k in range(1, steps + 1):
@@ -341,14 +339,13 @@ class ChainDrafter(nn.Module):
             hx = self.layer.input_layernorm(x)
             q = attn.queries(hx, cos, sin).view(b, seq_len, attn.hq, attn.d).transpose(1, 2)
             kk, vv = attn.keys_values(hx, cos, sin)
-            keys.append(kk.view(b, seq_len, attn.hkv, attn.d))
-            values.append(vv.view(b, seq_len, attn.hkv, attn.d))
-            # visibility [L, k * L]: step-1 pairs at s <= t - k + 1, step-j pairs (j >= 2) at s == t - k + j
-            vis = [s <= t - k + 1] + [s == t - k + j for j in range(2, k + 1)]
-            mask = torch.cat(vis, dim=1)
-            kcat = torch.cat(keys, dim=1).transpose(1, 2)
-            vcat = torch.cat(values, dim=1).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, kcat, vcat, attn_mask=mask, enable_gqa=attn.hq != attn.hkv)
+            keys.append(kk.view(b, seq_len, attn.hkv, attn.d).transpose(1, 2))
+            values.append(vv.view(b, seq_len, attn.hkv, attn.d).transpose(1, 2))
+            if k == 1:
+                o = F.scaled_dot_product_attention(q, keys[0], values[0], is_causal=True,
+                                                   enable_gqa=attn.hq != attn.hkv)
+            else:
+                o = _unrolled_attention(q, keys, values, k)
             g = self.layer.finish(x, o.transpose(1, 2).reshape(b * seq_len, -1)).view(b, seq_len, -1)
             if logits:
                 logits_out.append(self.lm_logits(g))
@@ -372,3 +369,37 @@ def load_chain_drafter(path: str | Path, target: CausalLM, dtype: torch.dtype = 
     del raw["drafter_type"]
     drafter = load_drafter_weights(ChainDrafter(ChainDrafterConfig(**raw), target), path, target, dtype)
     return fuse_projections(cast_gemm_weights(drafter, gemm_dtype))
+
+
+def _unrolled_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        k: int) -> torch.Tensor:
+    """Attention of unroll step ``k >= 2``: the query at position ``t`` sees the step-1 pairs at ``s <= t - k + 1`` and,
+    for ``j = 2..k``, the single step-``j`` pair at ``t - k + j``.
+
+    ``q [B, Hq, L, D]``; ``keys``/``values``: the ``k`` steps' ``[B, Hkv, L, D]`` (query head ``h`` reads KV head
+    ``h // (Hq / Hkv)``). The step-1 part is one masked ``[L, L]`` score matrix; each later step adds one score per
+    query (a diagonal), joined in the same softmax: about the cost of step 1, where one dense ``[L, k * L]`` mask
+    would cost ``k`` times it. Returns ``[B, Hq, L, D]``.
+    """
+    group = q.shape[1] // keys[0].shape[1]
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.repeat_interleave(group, dim=1) if group > 1 else x
+
+    seq_len = q.shape[2]
+    pos = torch.arange(seq_len, device=q.device)
+    scale = q.shape[-1] ** -0.5
+    scores = (q @ heads(keys[0]).transpose(-1, -2)) * scale  # [B, H, L, L]
+    scores = scores.masked_fill(pos[None, :] > pos[:, None] - k + 1, float("-inf"))
+    diag_k, diag_v = [], []
+    for j in range(2, k + 1):  # the step-j pair at t - (k - j): shift step j's rows down by k - j positions
+        shift = k - j
+        diag_k.append(F.pad(heads(keys[j - 1]), (0, 0, shift, 0))[:, :, :seq_len])
+        diag_v.append(F.pad(heads(values[j - 1]), (0, 0, shift, 0))[:, :, :seq_len])
+    dk, dv = torch.stack(diag_k, 3), torch.stack(diag_v, 3)  # [B, H, L, k - 1, D]
+    diag = (q[:, :, :, None, :] * dk).sum(-1) * scale  # [B, H, L, k - 1]
+    missing = pos[:, None] - (k - torch.arange(2, k + 1, device=q.device))[None, :] < 0  # [L, k - 1]: before 0
+    diag = diag.masked_fill(missing, float("-inf"))
+    probs = torch.softmax(torch.cat([scores, diag], dim=-1), dim=-1)
+    return probs[..., :seq_len] @ heads(values[0]) + (probs[..., seq_len:, None] * dv).sum(3)
+
