@@ -23,7 +23,8 @@ class SequentialHeadWeights(NamedTuple):
     """Weights of the sequential head in the op's layout (any float dtype; the op computes in float32).
 
     ``kind``: one of ``KINDS``; ``"none"`` (rank 0) adds no bias and has no Markov embedding.
-    ``w1`` ``[V, r]``: Markov embedding ``e = w1[x_prev]``.  ``w2`` ``[r, V]``: bias-free output, ``bias = lat @ w2``.
+    ``w1`` ``[V, r]`` (or ``[V_prev, r]`` with more rows, for anchors outside the drafted vocabulary): Markov embedding
+    ``e = w1[x_prev]``.  ``w2`` ``[r, V]``: bias-free output, ``bias = lat @ w2``.
     ``gate_w`` ``[d + r, r]``, ``gate_b`` ``[r]`` (gated): ``g = sigmoid([h; e] @ gate_w + gate_b)``.
     ``rnn_w`` ``[2r + d, 3r]``, ``rnn_b`` ``[3r]`` (rnn): ``(a, c, o) = split([s; e; h] @ rnn_w + rnn_b, r)``.
     ``conf_w`` ``[d + r]`` (``[d]`` for kind ``"none"``) and ``conf_b`` ``[]``: confidence logit

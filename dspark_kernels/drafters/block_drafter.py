@@ -43,8 +43,9 @@ from ..models.fused_linear import fuse_projections
 from ..models.gemm_dtype import cast_gemm_weights
 from ..models.kv_cache import PagedKVCache
 from ..models.transformer import CausalLM, DecoderLayer, RMSNorm
-from ..ops import draft_block_attention, plan_draft_block_attention, sequential_head
+from ..ops import draft_block_attention, plan_draft_block_attention
 from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .draft_vocab import DraftVocab, draft_logits, draw
 from .sequential_head import SequentialHead
 
 __all__ = ["BlockDrafter", "DrafterConfig", "load_block_drafter"]
@@ -113,7 +114,7 @@ class DraftLayer(DecoderLayer):
 
 @dataclass
 class Proposal:
-    """One drafting round: base logits ``U [N, V]`` and hidden ``h [N, hidden]`` of every block slot, requests
+    """One drafting round: base logits ``U [N, V]`` (``[N, K]`` over a draft vocabulary) and hidden ``h [N, hidden]`` of every block slot, requests
     flattened by ``cu [R + 1]`` (each request's block length)."""
 
     base_logits: torch.Tensor
@@ -138,6 +139,7 @@ class BlockDrafter(nn.Module):
         self.head = SequentialHead(cfg.vocab_size, h, cfg.markov_rank, kind=head_kind, confidence=cfg.confidence)
         # frozen, shared with the target (plain attributes: not parameters of the drafter, not saved)
         self.__dict__["target"] = target
+        self.draft_vocab: DraftVocab | None = None  # drafting over a subset of the vocabulary (.draft_vocab)
 
     # ------------------------------------------------------------------ shared pieces
     @property
@@ -156,6 +158,10 @@ class BlockDrafter(nn.Module):
         """Base logits ``U`` (fp32) from the last hidden state through the final norm and the frozen LM head (in the
         target's dtype: a drafter may run in another one)."""
         return self.target.lm_head(self.norm(h).to(self.target.dtype)).float()
+
+    def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The base logits drafting uses: :meth:`lm_logits` ``[..., V]``, or ``[..., K]`` over :attr:`draft_vocab`."""
+        return draft_logits(self.draft_vocab, self.target.lm_head, self.norm(h).to(self.target.dtype))
 
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target._rope(positions, dtype)
@@ -202,8 +208,8 @@ class BlockDrafter(nn.Module):
         (``None``), so a policy that schedules on confidences refuses it instead of reading constant zeros."""
         prop = self.propose(state, rids, anchors, gamma, impl=impl, context=context)
         with torch.inference_mode():
-            res = sequential_head(prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu, self.head.weights(),
-                                  temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
+            res = draw(self.draft_vocab, prop.base_logits, prop.hidden, anchors.to(self.device), prop.cu,
+                       self.head.weights(), temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
         return DraftOutput(res.tokens, res.draft_probs, res.confidence_logits if self.config.confidence else None)
 
     def new_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
@@ -274,7 +280,7 @@ class BlockDrafter(nn.Module):
             o = draft_block_attention(q, k, v, cache.k[i], cache.v[i], page_table, cu, ctx_lens, impl=impl,
                                       check_inputs=False, max_seqlen_q=gamma, plan=plan)
             x = layer.finish(x, o.reshape(x.shape[0], -1))
-        return Proposal(self.lm_logits(x), x, cu)
+        return Proposal(self.draft_logits(x), x, cu)
 
     # ------------------------------------------------------------------ training
     def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,

@@ -50,9 +50,10 @@ from ..models.fused_linear import fuse_projections
 from ..models.gemm_dtype import cast_gemm_weights
 from ..models.kv_cache import PagedKVCache
 from ..models.transformer import CausalLM, RMSNorm
-from ..ops import sequential_head, verify_attention
+from ..ops import verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
 from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
+from .draft_vocab import DraftVocab, draft_logits, draw
 from .block_drafter import DraftLayer
 
 __all__ = ["ChainDrafter", "ChainDrafterConfig", "ChainState", "load_chain_drafter"]
@@ -119,7 +120,7 @@ class ChainState:
 @dataclass
 class ChainDraft:
     """``tokens [R, gamma]``, ``draft_probs [R, gamma, V]`` (None when drafted without uniforms: all greedy),
-    ``logits [R, gamma, V]`` (unfiltered, fp32) and ``hidden [R, gamma, hidden]`` of every chain step."""
+    ``logits [R, gamma, V]`` (unfiltered, fp32; ``[R, gamma, K]`` over a draft vocabulary) and ``hidden [R, gamma, hidden]`` of every chain step."""
 
     tokens: torch.Tensor
     draft_probs: torch.Tensor | None
@@ -141,6 +142,7 @@ class ChainDrafter(nn.Module):
         self.layer = DraftLayer(self.layer_config)
         self.norm = RMSNorm(h, target.config.rms_norm_eps)
         self.__dict__["target"] = target  # frozen, shared: not a parameter, not saved
+        self.draft_vocab: DraftVocab | None = None  # drafting over a subset of the vocabulary (.draft_vocab)
 
     # ------------------------------------------------------------------ shared pieces
     @property
@@ -296,9 +298,9 @@ class ChainDrafter(nn.Module):
                 o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
                                      max_seqlen_q=1)
                 g = self.layer.finish(x, o.reshape(r, -1))
-                logits = self.lm_logits(g)
-                res = sequential_head(logits, g, prev_tok, cu1, _NONE_HEAD, temperature, top_k, top_p,
-                                      None if u is None else u[:, k].contiguous(), impl=impl, check_inputs=False)
+                logits = draft_logits(self.draft_vocab, self.target.lm_head, self.norm(g).to(self.target.dtype))
+                res = draw(self.draft_vocab, logits, g, prev_tok, cu1, _NONE_HEAD, temperature, top_k, top_p,
+                           None if u is None else u[:, k].contiguous(), impl=impl, check_inputs=False)
                 toks.append(res.tokens)
                 probs.append(res.draft_probs)
                 logits_all.append(logits)

@@ -3,7 +3,7 @@
 Layout (ragged, R requests, N draft slots in all, vocabulary V, hidden size d, rank r):
     base_logits          [N, V] fp32/bf16/fp16  backbone logits U_k; request i owns rows ``cu[i]:cu[i+1]``
     hidden               [N, d] float           backbone hidden state h_k of each slot
-    anchor_tokens        [R] int32/int64        x_0 of each request (the target's last token)
+    anchor_tokens        [R] int32/int64        x_0 of each request (the target's last token), a row of ``w1``
     cu_num_draft_tokens  [R + 1] int32/int64    offsets ``cu``; lengths 0..gamma
     weights              SequentialHeadWeights  kind and weight matrices (see the class docstring)
     temperature          [R] float32 >= 0       0 = greedy
@@ -13,6 +13,11 @@ Layout (ragged, R requests, N draft slots in all, vocabulary V, hidden size d, r
 Result (:class:`SequentialHeadResult`): ``tokens [N]`` int64, ``draft_probs [N, V]`` float32 (``None`` without
 uniforms: every request is greedy, verification needs only the tokens, and no ``[N, V]`` buffer is written),
 ``confidence_logits [N]`` float32.
+
+``w1`` may have more rows than ``V`` (``[V_prev, r]``, ``V_prev >= V``): a draft vocabulary drafts over ``V`` tokens
+while the anchor comes from the target's larger one (:mod:`~dspark_kernels.drafters.draft_vocab` orders ``w1`` so that
+rows ``0..V-1`` are the drafted tokens). Drawn tokens are in ``[0, V)``; anchors in ``[0, V_prev)`` (``[0, V)`` for
+kind "none", which never reads them).
 
 Semantics, left to right within a request, k = 1..L, x_0 = anchor, everything in float32:
     e_k = w1[x_{k-1}];  bias_k = lat_k @ w2 with lat_k = e_k (vanilla), sigmoid([h_k; e_k] @ gate_w + gate_b) * e_k
@@ -296,8 +301,9 @@ def _validate_weights(weights: SequentialHeadWeights, v: int, d: int, dev: torch
     if weights.kind != "none":
         check_tensor("weights.w1", weights.w1, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
         rank = weights.w1.shape[1]
-        if weights.w1.shape[0] != v:
-            raise ValueError(f"weights.w1 vocab size {weights.w1.shape[0]} must equal base_logits vocab size {v}")
+        if weights.w1.shape[0] < v:
+            raise ValueError(f"weights.w1 has {weights.w1.shape[0]} rows: it must have a row for each of the "
+                             f"{v} tokens of base_logits (and may have more, see anchor_tokens)")
         if rank < 1:
             raise ValueError(f"weights.w1 must have rank r >= 1 for kind {weights.kind!r}, got shape {(v, rank)}")
         check_tensor("weights.w2", weights.w2, ndim=2, dtypes=FLOAT_DTYPES, device=dev)
@@ -343,8 +349,9 @@ def _validate(
     r = cu_num_draft_tokens.shape[0] - 1
     check_tensor("anchor_tokens", anchor_tokens, ndim=1, dtypes=INDEX_DTYPES, device=dev)
     check_shape("anchor_tokens", anchor_tokens, (r,))
-    check_range("anchor_tokens", anchor_tokens, (anchor_tokens >= 0) & (anchor_tokens < v), f"in [0, {v})")
     _validate_weights(weights, v, hidden.shape[1], dev)
+    v_prev = weights.w1.shape[0] if weights.kind != "none" else v
+    check_range("anchor_tokens", anchor_tokens, (anchor_tokens >= 0) & (anchor_tokens < v_prev), f"in [0, {v_prev})")
     check_finite("base_logits", base_logits)
     check_finite("hidden", hidden)
     check_sampling_params(temperature, top_k, top_p, r, dev)
