@@ -33,6 +33,7 @@ import torch
 from .bench import device_record
 from .cli_args import model_source
 from .drafters import load_drafter
+from .drafters.draft_vocab import RANKING_FILE
 from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> dict:
                    help="DSpark drafter directory (default: the one shipped for a registry --model)")
     p.add_argument("--baseline-drafter", type=Path, default=None,
                    help="DFlash comparison drafter (default: the one shipped for a registry --model; none otherwise)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="draft over the K most frequent tokens of the drafters' token ranking (lossless; default: "
+                        "the whole vocabulary)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed, 0 .. 2**31 - 1")
     p.add_argument("--repeats", type=int, default=3,
                    help="decode every prompt this many times with each method, interleaved, and time each method by "
@@ -137,9 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
         drafter_paths = {"dspark": args.drafter}
         if args.baseline_drafter is not None:
             drafter_paths["dflash"] = args.baseline_drafter
-        methods = {"dspark": load_drafter(args.drafter, target, gemm_dtype=args.drafter_gemm_dtype)}
-        if args.baseline_drafter is not None:
-            methods["dflash"] = load_drafter(args.baseline_drafter, target, gemm_dtype=args.drafter_gemm_dtype)
+        methods = {name: load_drafter(path, target, gemm_dtype=args.drafter_gemm_dtype, draft_vocab=args.draft_vocab)
+                   for name, path in drafter_paths.items()}
     except (OSError, ValueError) as e:  # missing or malformed checkpoints (CheckpointError is a ValueError)
         p.error(f"cannot load the models: {e}")
     chat = tokenizer.chat_template is not None
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{args.draft_length} draft length (gamma {'<= ' if args.draft_length == 'adaptive' else ''}{args.gamma}), "
           f"T={args.temperature:g}, {args.max_new_tokens} new tokens per prompt, batch 1, {args.gemm_dtype} GEMM "
           f"weights ({args.drafter_gemm_dtype} in the drafters)"
-          f"{', batch-invariant attention' if args.batch_invariant else ''}")
+          f"{', batch-invariant attention' if args.batch_invariant else ''}"
+          f"{f', draft vocabulary {args.draft_vocab}' if args.draft_vocab else ''}")
     eos = list(tokenizer.eos_token_ids)
     warm = tokenizer.encode_prompt("def f(x):")
     _run_ar(target, warm, args, eos)
@@ -216,7 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                         "prompts": len(items), "batch_size": 1, "threads": torch.get_num_threads(),
                         "gemm_dtype": args.gemm_dtype, "drafter_gemm_dtype": args.drafter_gemm_dtype,
-                        "batch_invariant": args.batch_invariant, "repeats": args.repeats}, "runs": runs,
+                        "batch_invariant": args.batch_invariant, "repeats": args.repeats,
+                        "draft_vocab": args.draft_vocab}, "runs": runs,
            "by_domain": by_domain, "by_prompt": by_prompt}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
@@ -245,10 +250,15 @@ def check_demo_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             p.error(f"--drafter is required: no DSpark drafter is shipped for --model {args.model}")
         if args.baseline_drafter is None:
             args.baseline_drafter = shipped_drafter(args.model, "dflash")
+    if args.draft_vocab is not None and args.draft_vocab < 1:
+        p.error(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
     for name in ("drafter", "baseline_drafter"):
         path = getattr(args, name)
         if path is not None and not (path / "drafter_config.json").is_file():
             p.error(f"--{name.replace('_', '-')} {path} is not a drafter directory (no drafter_config.json)")
+        if path is not None and args.draft_vocab is not None and not (path / RANKING_FILE).is_file():
+            p.error(f"--draft-vocab: --{name.replace('_', '-')} {path} has no token ranking ({RANKING_FILE}; build it "
+                    "with python -m dspark_kernels.train.token_ranking)")
     if args.json is not None:
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)

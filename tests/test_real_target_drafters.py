@@ -45,6 +45,17 @@ def test_greedy_speculative_equals_ar_on_the_real_target(target, prompts, name):
         assert spec.tau >= 1.0
 
 
+@pytest.mark.parametrize("name", DRAFTERS)
+def test_greedy_speculative_with_a_draft_vocabulary_equals_ar(target, prompts, name):
+    drafter = load_drafter(shipped_drafter(MODEL, name), target, draft_vocab=8192)
+    assert drafter.draft_vocab.size == 8192
+    ids, eos = prompts
+    ar = generate(target, ids, 24, eos_token_id=eos)
+    spec = speculative_generate(target, drafter, ids, 24, 7, eos_token_id=eos)
+    assert spec.tokens == ar.tokens
+    assert sum(spec.accept_hist[1:]) > 0
+
+
 def test_sampled_speculative_decoding_emits_tokens_of_the_vocabulary(target, prompts):
     drafter = load_drafter(shipped_drafter(MODEL, "dspark"), target)
     ids, eos = prompts
@@ -56,8 +67,9 @@ def test_sampled_speculative_decoding_emits_tokens_of_the_vocabulary(target, pro
 def test_demo_runs_on_the_real_target_by_default(tmp_path, smollm2_gguf):
     out = tmp_path / "demo.json"
     demo.main(["--prompt", MESSAGES[1], "--max-new-tokens", "12", "--repeats", "1", "--draft-length", "fixed",
-               "--batch-invariant", "--json", str(out)])
+               "--batch-invariant", "--draft-vocab", "8192", "--json", str(out)])
     data = json.loads(out.read_text())
+    assert data["settings"]["draft_vocab"] == 8192
     assert data["model"] == MODEL and set(data["drafters"]) == set(DRAFTERS)
     assert data["device"]["commit"] is None or len(data["device"]["commit"]) == 40
     runs = {r["method"]: r for r in data["runs"]}

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..cli_args import DEFAULT_CORPUS, check_corpus, model_source, positive_int
 from ..drafters import load_drafter
+from ..drafters.draft_vocab import RANKING_FILE
 from ..drafters.block_drafter import MAX_GAMMA
 from ..engine.speculative import speculative_generate
 from ..models import load_model
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> dict:
                                             args.seed) for d in args.domains}
     results = []
     for name in args.drafters:
-        drafter = load_drafter(Path(args.drafter_dir) / name, target)
+        drafter = load_drafter(Path(args.drafter_dir) / name, target, draft_vocab=args.draft_vocab)
         gammas = [1] if name == "mtp1" else args.gammas
         for domain, prompts in prompt_sets.items():
             for temperature in args.temperatures:
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"benchmark": "acceptance", "device": device_record(), "settings": {
         "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens,
         "seed": args.seed, "model": str(args.model), "drafter_dir": str(args.drafter_dir),
+        "draft_vocab": args.draft_vocab,
         "prompts": str(args.prompts) if args.prompts is not None else f"corpus:{args.corpus}"}, "results": results}
 
 
@@ -191,6 +193,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="prompt-window and sampling seed, 0..2**31 - 1")
     p.add_argument("--json", type=Path, default=Path("results/acceptance.json"),
                    help="result JSON (the .md table and .png plot are written next to it)")
+    p.add_argument("--draft-vocab", type=int, default=None,
+                   help="every drafter drafts over the K most frequent tokens of its token ranking (default: all)")
     p.add_argument("--merge", type=Path, nargs="+", default=None,
                    help="do not run: combine these result JSONs (e.g. drafters split over processes) into --json")
 
@@ -226,6 +230,13 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     missing = [d for d in args.drafters if not (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
     if missing:
         p.error(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
+    if args.draft_vocab is not None:
+        if args.draft_vocab < 1:
+            p.error(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+        unranked = [d for d in args.drafters if not (Path(args.drafter_dir) / d / RANKING_FILE).is_file()]
+        if unranked:
+            p.error(f"--draft-vocab: --drafters {unranked} have no token ranking ({RANKING_FILE}) under "
+                    f"{args.drafter_dir}")
     allowed = list(PROMPT_DOMAINS) if args.prompts is not None and args.prompts.is_dir() else list(DOMAIN_SPLITS)
     if args.domains is None:
         args.domains = allowed
