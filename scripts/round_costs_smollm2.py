@@ -1,5 +1,6 @@
 """Round cost breakdown of the shipped DSpark drafter on SmolLM2 at batch 1: the target's verify forward (gamma + 1
-rows), the drafter's backbone pass, its LM head, the sequential head op (greedy and sampled); medians of 20.
+rows), the drafter's backbone pass (its LM head included), its LM head alone, the sequential head op (greedy and
+sampled); then the same drafter pieces over draft vocabularies of K tokens (``draft_vocab``); medians of 20.
 
 ``python scripts/round_costs_smollm2.py`` writes ``results/round_costs_smollm2.json``."""
 import json
@@ -9,6 +10,7 @@ import time
 import torch
 
 from dspark_kernels.drafters import load_drafter
+from dspark_kernels.drafters.draft_vocab import DraftVocab, load_token_ranking
 from dspark_kernels.models import load_model
 from dspark_kernels.models.target_tokenizer import load_target_tokenizer
 from dspark_kernels.ops import sequential_head
@@ -66,6 +68,17 @@ for gamma in (7, 15):
     round_ms = row["verify_ms"] + row["drafter_backbone_ms"] + row["sequential_head_greedy_ms"]
     row["sequential_head_share_of_round"] = row["sequential_head_greedy_ms"] / round_ms
     row["draft_lm_head_share_of_round"] = row["draft_lm_head_ms"] / round_ms
+    ranking = load_token_ranking(f"dspark_kernels/assets/drafters/{M}/dspark", t.config.vocab_size)
+    row["draft_vocab"] = {}
+    for k in (4096, 8192, 16384):
+        d.draft_vocab = DraftVocab.from_ranking(ranking, k)
+        sub = d.propose(st, [0], anchors, gamma)
+        def sub_head():
+            d.draft_vocab.sequential_head(sub.base_logits, sub.hidden, anchors, cu, w, torch.zeros(1), None, None,
+                                          None, check_inputs=False)
+        row["draft_vocab"][k] = {"drafter_backbone_ms": med(backbone), "draft_lm_head_ms": med(lambda: d.draft_logits(h)),
+                                 "sequential_head_greedy_ms": med(sub_head)}
+        d.draft_vocab = None
     out[f"gamma{gamma}"] = row
     print(gamma, json.dumps(row))
 json.dump(out, open("results/round_costs_smollm2.json", "w"), indent=1)
