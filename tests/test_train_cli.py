@@ -206,3 +206,34 @@ def test_calibration_refuses_a_drafter_without_a_confidence_head(setup, tmp_path
         calibration.main(["--model", str(setup / "target"), "--drafter", str(tmp_path / "dflash"), "--rollouts",
                           str(tmp_path / "rollouts"), "--gamma", "3", "--num-prompts", "4", "--max-new-tokens", "4",
                           "--device", "cpu"])
+
+
+def test_assistant_trainer_cuts_the_target_trains_and_assists_transformers(setup, tmp_path):
+    """The assistant starts as the target's first and last layers with its frozen embedding and LM head, trains
+    (the loss falls, the frozen weights stay), saves a directory transformers loads, and assisted generation with it
+    reproduces the target's greedy output."""
+    from transformers import AutoModelForCausalLM
+
+    from dspark_kernels.train import assistant as assistant_cli
+
+    target = Qwen3ForCausalLM.from_pretrained(setup / "target")
+    made = assistant_cli.Assistant(setup / "target", 2)
+    assert made.source_layers == [0, 3]
+    for mine, theirs in ((0, 0), (1, 3)):
+        torch.testing.assert_close(made.model.model.layers[mine].mlp.up_proj.weight,
+                                   target.model.layers[theirs].mlp.up_proj.weight)
+    out = tmp_path / "assistant"
+    assistant_cli.main(run_argv(setup, "assistant", tmp_path / "work", out, "--steps", "30", "--positions", "8",
+                                "--lr", "3e-3"))
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "work" / "log.jsonl").read_text().splitlines()]
+    assert sum(losses[-5:]) < sum(losses[:5])
+    trained = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert trained.config.num_hidden_layers == 2
+    torch.testing.assert_close(trained.model.embed_tokens.weight,
+                               target.model.embed_tokens.weight.to(torch.bfloat16).float())
+    ids = torch.tensor([[1, 7, 9, 11]])
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assisted = target.generate(ids, max_new_tokens=12, do_sample=False, assistant_model=trained)
+    assert torch.equal(plain, assisted)
+    with pytest.raises(SystemExit):
+        assistant_cli.main(run_argv(setup, "assistant", tmp_path / "w2", tmp_path / "o2", "--layers", "9"))
