@@ -1,0 +1,129 @@
+"""Global-memory traffic, grid and serial depth of every Triton op at serving shapes, counted under the interpreter.
+
+Runs each op's Triton path on the CPU interpreter inside :func:`perf.traffic.count_traffic` and writes one row per
+case to ``results/kernel_traffic.json``: ``{"op", "shape", "bytes_moved", "min_bytes", "programs",
+"dependent_chain", ...}``. ``min_bytes`` is the traffic the op cannot avoid (derived per op below: every input it
+must read once, every output once); ``bytes_moved / min_bytes`` is how far the kernel's structure sits from that.
+
+The shapes are an 8B-class target's (32 query heads, 8 KV heads, head dim 128, bf16 logits and K/V, vocabulary
+151,936) at batch 8 unless a case says otherwise. The draft-block case runs 8 of its 64 requests and scales the
+counts by 8 (every request is the same work; ``scale`` in the row): the interpreter walks every program in Python.
+
+CLI (about 5 minutes on 2 cores)::
+
+    python perf/kernel_traffic.py --json results/kernel_traffic.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any @triton.jit function is defined
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from dspark_kernels.ops import draft_block_attention, rejection_sample, sequential_head, verify_attention  # noqa: E402
+from perf.roofline import device_info  # noqa: E402
+from perf.test_rejection_sample_bench import _batch as rejection_batch  # noqa: E402
+from perf.test_sequential_head_bench import _batch as head_batch  # noqa: E402
+from perf.traffic import count_traffic  # noqa: E402
+from tests.test_draft_block_attention import make_block_batch  # noqa: E402
+from tests.test_verify_attention import make_paged_batch  # noqa: E402
+
+V, HQ, HKV, D, RANK, HIDDEN = 151_936, 32, 8, 128, 64, 4096
+BF16 = torch.bfloat16
+
+
+def sequential_head_case(kind: str, r: int, gamma: int) -> tuple[dict, callable, int]:
+    """``kind`` head, ``r`` requests of ``gamma`` sampled slots (T = 1). Minimum: ``w2`` once per slot (the slots
+    depend on each other; the requests of a slot share it), the base logits once, the draft rows written once, the
+    other weights and activations once."""
+    batch = head_batch(kind, r, gamma, V, RANK, HIDDEN, torch.device("cpu"), BF16)
+    n = r * gamma
+    w = batch["weights"]
+    small = sum(t.numel() * t.element_size() for t in (w.conf_w, w.gate_w, w.rnn_w, batch["hidden"]) if t is not None)
+    min_bytes = gamma * RANK * V * 2 + n * V * 2 + n * V * 4 + n * RANK * 2 + small
+    return ({"kind": kind, "R": r, "gamma": gamma, "V": V, "rank": RANK, "d": HIDDEN, "dtype": "bfloat16"},
+            lambda: sequential_head(**batch, impl="triton", check_inputs=False), min_bytes)
+
+
+def rejection_case(r: int, gamma: int, top_k: int, top_p: float) -> tuple[dict, callable, int]:
+    """T = 1 verification of ``r`` requests with ``gamma`` drafts each. Minimum: the target logits once; the draft
+    probabilities at the drafted tokens, and one full draft row per request (the residual of its first rejection)."""
+    batch = rejection_batch(r, gamma, V, torch.device("cpu"), BF16)
+    if top_k:
+        batch["top_k"] = torch.full((r,), top_k, dtype=torch.int64)
+    if top_p < 1:
+        batch["top_p"] = torch.full((r,), top_p)
+    n = r * gamma
+    min_bytes = (n + r) * V * 2 + n * 4 + r * V * 4 + r * (gamma + 1) * 8
+    return ({"R": r, "gamma": gamma, "V": V, "top_k": top_k, "top_p": top_p, "logits_dtype": "bfloat16"},
+            lambda: rejection_sample(**batch, impl="triton", check_inputs=False, max_spec_len=gamma), min_bytes)
+
+
+def verify_case(r: int, q_len: int, ctx: int) -> tuple[dict, callable, int]:
+    """Paged attention of ``q_len`` new tokens per request over ``ctx`` cached ones (decode: ``q_len`` 1). Minimum:
+    Q once, each request's K and V once, O once."""
+    args = make_paged_batch([q_len] * r, [ctx] * r, HQ, HKV, D, 16, dtype=BF16)
+    min_bytes = 2 * (2 * r * q_len * HQ * D + 2 * r * ctx * HKV * D)
+    return ({"R": r, "q_len": q_len, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D, "dtype": "bfloat16"},
+            lambda: verify_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=q_len), min_bytes)
+
+
+def draft_block_case(r: int, gamma: int, ctx: int) -> tuple[dict, callable, int]:
+    """A draft block of ``gamma`` queries per request over its ``ctx`` context tokens plus the block's own K/V.
+    Minimum: Q, block K/V and O once, each request's context K/V once."""
+    args = make_block_batch([gamma] * r, [ctx] * r, HQ, HKV, D, 16, dtype=BF16)
+    min_bytes = 2 * r * (2 * gamma * HQ * D + 2 * gamma * HKV * D + 2 * ctx * HKV * D)
+    return ({"R": r, "gamma": gamma, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D, "dtype": "bfloat16"},
+            lambda: draft_block_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=gamma), min_bytes)
+
+
+CASES = {  # name: (op, builder, scale)
+    "sequential_head vanilla gamma 15": ("sequential_head", lambda: sequential_head_case("vanilla", 8, 15), 1),
+    "sequential_head gated gamma 7": ("sequential_head", lambda: sequential_head_case("gated", 8, 7), 1),
+    "rejection_sample T=1": ("rejection_sample", lambda: rejection_case(8, 7, 0, 1.0), 1),
+    "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample", lambda: rejection_case(8, 7, 50, 0.9), 1),
+    "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda: verify_case(1, 1, 4096), 1),
+    "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda: verify_case(8, 8, 4096), 1),
+    "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda: draft_block_case(8, 7, 4096), 8),
+}
+
+
+def measure(name: str) -> dict:
+    op, build, scale = CASES[name]
+    shape, run, min_bytes = build()
+    with count_traffic() as t:
+        run()
+    row = {"op": op, "case": name, "shape": shape, "bytes_moved": t.bytes_moved * scale,
+           "min_bytes": min_bytes * scale, "programs": [p * scale for p in t.programs],
+           "dependent_chain": t.dependent_chain, "kernel_bytes": t.kernel_bytes * scale,
+           "torch_bytes": t.torch_bytes * scale, "launches": len(t.launches), "scale": scale}
+    row["ratio"] = row["bytes_moved"] / row["min_bytes"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, default=Path("results/kernel_traffic.json"), help="where to write the rows")
+    p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES), help="cases to count")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    for name in args.cases:
+        row = measure(name)
+        rows.append(row)
+        print(f"{name:45s} moved {row['bytes_moved'] / 1e6:10.1f} MB  min {row['min_bytes'] / 1e6:8.1f} MB  "
+              f"x{row['ratio']:6.2f}  programs {row['programs']}  chain {row['dependent_chain']}", flush=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"benchmark": "kernel_traffic", "device": device_info(), "rows": rows},
+                                    indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
