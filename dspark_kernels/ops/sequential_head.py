@@ -45,7 +45,7 @@ from ..reference.sequential_head import (
     sequential_head_ref,
 )
 from ._dispatch import resolve_impl
-from ._sampling import filter_row, inverse_cdf_row, row_stats_step
+from ._sampling import cdf_scan_step, filter_row, inverse_cdf_row
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -61,77 +61,32 @@ from ._validate import (
 __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "sequential_head",
            "sequential_head_triton"]
 
-_DEFAULTS = {"BLOCK_V": 512, "BLOCK_R": 16, "BLOCK_D": 64, "num_warps": 8}
+_DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 4}
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
-@triton.jit
-def _gemv_acc(acc, x_ptr, n_in, w_ptr, stride_in, stride_out, cols, col_mask, BLOCK_IN: tl.constexpr):
-    """``acc [BLOCK_OUT] += sum_{i < n_in} x[i] * W[i, cols]`` in float32; ``x`` contiguous, ``W`` strided."""
-    offs = tl.arange(0, BLOCK_IN)
-    for start in range(0, n_in, BLOCK_IN):
-        i = start + offs
-        m = i < n_in
-        x = tl.load(x_ptr + i, mask=m, other=0.0).to(tl.float32)
-        w_ptrs = w_ptr + i.to(tl.int64)[:, None] * stride_in + cols[None, :] * stride_out
-        w = tl.load(w_ptrs, mask=m[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None] * w, 0)
-    return acc
+# The slots of a request depend on each other (slot k's bias needs token k-1), so the launcher walks the slots; each
+# slot is vocab-parallel over every request at once:
+#   latent   grid (R / BLOCK_M)                 previous tokens -> Markov embedding -> latent [R, r] (+ confidence)
+#   vocab    grid (V / BLOCK_V, R / BLOCK_M)    scaled logits tile = (U + lat @ w2) / T through tl.dot: w2 is read
+#                                               once per slot for all requests; per (request, tile) max, argmax, min
+#                                               and sum of exp(x - tile max); sampled rows keep x in the draft rows
+#   draw     grid (R)                           merge the tiles' statistics (online max / sum-exp): argmax, or the
+#                                               inverse-CDF draw: the tile from the tiles' masses, the index from that
+#                                               one tile (filtered rows: the full top-k/top-p filter of _sampling)
+# and after the last slot
+#   normalise grid (V / BLOCK_V, N / BLOCK_M)   draft rows = exp(x - max) / Z, or one-hot for greedy rows
+# The hidden-state terms of every slot (the gate/rnn inputs, the confidence dot) are one GEMM before the slot loop.
 
 
 @triton.jit
-def _dot(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    """``sum_{i < n} x[i] * y[i]`` in float32 (both contiguous)."""
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, n, BLOCK):
-        i = start + offs
-        x = tl.load(x_ptr + i, mask=i < n, other=0.0).to(tl.float32)
-        acc += x * tl.load(y_ptr + i, mask=i < n, other=0.0).to(tl.float32)
-    return tl.sum(acc, 0)
-
-
-@triton.jit
-def _rnn_preact(rnn_w_ptr, rnn_b_ptr, s_row, e_row, h_row, col0, cols, col_mask, D, RANK, s_in, s_out,
-                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Columns ``col0 + cols`` of ``[s; e; h] @ rnn_w + rnn_b`` (rnn_w rows: state, then embedding, then hidden)."""
-    c = col0 + cols
-    acc = tl.load(rnn_b_ptr + c, mask=col_mask, other=0.0).to(tl.float32)
-    acc = _gemv_acc(acc, s_row, RANK, rnn_w_ptr, s_in, s_out, c, col_mask, BLOCK_R)
-    acc = _gemv_acc(acc, e_row, RANK, rnn_w_ptr + RANK * s_in, s_in, s_out, c, col_mask, BLOCK_R)
-    return _gemv_acc(acc, h_row, D, rnn_w_ptr + 2 * RANK * s_in, s_in, s_out, c, col_mask, BLOCK_D)
-
-
-@triton.jit
-def _write_latent(lat_row, e_row, h_row, s_old, s_new, gate_w_ptr, gate_b_ptr, rnn_w_ptr, rnn_b_ptr, D, RANK,
-                  s_gw_in, s_gw_out, s_rw_in, s_rw_out,
-                  KIND: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Write the slot's latent ``lat [r]`` (the vector multiplied by ``w2``) and, for rnn, the new state ``s_new``."""
-    offs = tl.arange(0, BLOCK_R)
-    for start in range(0, RANK, BLOCK_R):
-        cols = (start + offs).to(tl.int64)
-        m = cols < RANK
-        e = tl.load(e_row + cols, mask=m, other=0.0).to(tl.float32)
-        if KIND == 1:
-            lat = e
-        elif KIND == 2:
-            g = tl.load(gate_b_ptr + cols, mask=m, other=0.0).to(tl.float32)
-            g = _gemv_acc(g, h_row, D, gate_w_ptr, s_gw_in, s_gw_out, cols, m, BLOCK_D)
-            g = _gemv_acc(g, e_row, RANK, gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, cols, m, BLOCK_R)
-            lat = tl.sigmoid(g) * e
-        else:
-            a = _rnn_preact(rnn_w_ptr, rnn_b_ptr, s_old, e_row, h_row, 0, cols, m, D, RANK, s_rw_in, s_rw_out,
-                            BLOCK_R, BLOCK_D)
-            c = _rnn_preact(rnn_w_ptr, rnn_b_ptr, s_old, e_row, h_row, RANK, cols, m, D, RANK, s_rw_in, s_rw_out,
-                            BLOCK_R, BLOCK_D)
-            o = _rnn_preact(rnn_w_ptr, rnn_b_ptr, s_old, e_row, h_row, 2 * RANK, cols, m, D, RANK, s_rw_in,
-                            s_rw_out, BLOCK_R, BLOCK_D)
-            gate = tl.sigmoid(a)
-            s = tl.load(s_old + cols, mask=m, other=0.0)
-            tl.store(s_new + cols, gate * s + (1.0 - gate) * _tanh(c), mask=m)
-            lat = _tanh(o)
-        tl.store(lat_row + cols, lat, mask=m)
+def _square_tile(w_ptr, s_in, s_out, col0, RANK, BLOCK_R: tl.constexpr):
+    """``W[0:RANK, col0:col0 + RANK]`` of a strided matrix as a zero-padded ``[BLOCK_R, BLOCK_R]`` float32 tile."""
+    i = tl.arange(0, BLOCK_R)
+    ok = (i[:, None] < RANK) & (i[None, :] < RANK)
+    ptrs = w_ptr + i[:, None].to(tl.int64) * s_in + (col0 + i[None, :]).to(tl.int64) * s_out
+    return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -141,91 +96,201 @@ def _tanh(x):
 
 
 @triton.jit
-def _slot_logits(logits_row, probs_row, lat_row, w2_ptr, s_w2r, s_w2v, V, RANK, t_eff,
-                 KIND: tl.constexpr, STORE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """Compute ``(U_k.float() + lat @ w2) / t_eff`` tile by tile (written to ``probs_row`` when ``STORE``); return the
-    row's max, lowest-index argmax (int64) and min."""
-    offs = tl.arange(0, BLOCK_V)
-    best = tl.full((), float("-inf"), tl.float32)
-    best_idx = tl.zeros((), dtype=tl.int32)
-    least = tl.full((), float("inf"), tl.float32)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        valid = idx < V
-        bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
-        if KIND != 0:
-            bias = _gemv_acc(bias, lat_row, RANK, w2_ptr, s_w2r, s_w2v, idx.to(tl.int64), valid, BLOCK_R)
-        x = (tl.load(logits_row + idx, mask=valid, other=0.0).to(tl.float32) + bias) / t_eff
-        if STORE:
-            tl.store(probs_row + idx, x, mask=valid)
-        best, best_idx, least = row_stats_step(x, start, valid, best, best_idx, least)
-    return best, best_idx.to(tl.int64), least
+def _block_rows(cu_ptr, R, k, block, BLOCK_M: tl.constexpr):
+    """Requests ``m [BLOCK_M]`` of request block ``block``, whether each has a slot ``k``, and that slot's row."""
+    m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_batch = m < R
+    start = tl.load(cu_ptr + m, mask=in_batch, other=0).to(tl.int64)
+    length = tl.load(cu_ptr + m + 1, mask=in_batch, other=0).to(tl.int64) - start
+    return m, in_batch & (k < length), start + k
 
 
 @triton.jit
-def _one_hot_row(probs_row, V, token, BLOCK_V: tl.constexpr):
-    """Overwrite ``probs_row [V]`` with the one-hot row of ``token``."""
-    offs = tl.arange(0, BLOCK_V)
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        tl.store(probs_row + idx, tl.where(idx == token, 1.0, 0.0), mask=idx < V)
-
-
-@triton.jit
-def _sequential_head_kernel(
-    logits_ptr, hidden_ptr, anchor_ptr, cu_ptr,
-    w1_ptr, w2_ptr, gate_w_ptr, gate_b_ptr, rnn_w_ptr, rnn_b_ptr, conf_w_ptr, conf_b_ptr,
-    temp_ptr, top_k_ptr, top_p_ptr, u_ptr,
-    tokens_ptr, probs_ptr, conf_ptr, lat_ptr, state_ptr,
-    V, D, RANK, s_w2r, s_w2v, s_gw_in, s_gw_out, s_rw_in, s_rw_out,
-    KIND: tl.constexpr, HAS_CONF: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
-    SAMPLE: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+def _slot_latent_kernel(
+    anchor_ptr, cu_ptr, tokens_ptr, w1_ptr, s_w1, gate_h_ptr, gate_w_ptr, s_gw_in, s_gw_out,
+    rnn_h_ptr, rnn_w_ptr, s_rw_in, s_rw_out, state_ptr, conf_h_ptr, conf_w_ptr, lat_ptr, conf_ptr,
+    R, D, RANK, k,
+    KIND: tl.constexpr, HAS_CONF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """One program per request, a loop over its slots: latent, confidence, biased logits, filter, draw.
+    """Slot ``k`` of ``BLOCK_M`` requests: ``e = w1[x_{k-1}]`` (the anchor at ``k = 0``), the latent ``lat [R, r]``
+    (vanilla ``e``; gated ``sigmoid(gate_h + e @ gate_w_e) * e``; rnn ``tanh(o)`` with the state updated in place),
+    and the confidence logit ``conf_h + e . conf_w_e``. ``gate_h``/``rnn_h``/``conf_h`` hold the hidden-state terms
+    (biases included) of every slot."""
+    m, active, row = _block_rows(cu_ptr, R, k, tl.program_id(0), BLOCK_M)
+    if k == 0:
+        prev = tl.load(anchor_ptr + m, mask=active, other=0).to(tl.int64)
+    else:
+        prev = tl.load(tokens_ptr + row - 1, mask=active, other=0)
+    c = tl.arange(0, BLOCK_R)
+    on = active[:, None] & (c < RANK)[None, :]
+    e = tl.load(w1_ptr + prev[:, None] * s_w1 + c[None, :], mask=on, other=0.0).to(tl.float32)
+    if KIND == 1:
+        lat = e
+    elif KIND == 2:
+        g = tl.load(gate_h_ptr + row[:, None] * RANK + c[None, :], mask=on, other=0.0)
+        g += tl.dot(e, _square_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, BLOCK_R),
+                    input_precision="ieee")
+        lat = tl.sigmoid(g) * e
+    else:
+        s_ptrs = state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :]
+        s = tl.load(s_ptrs, mask=on, other=0.0)
+        pre = rnn_h_ptr + row[:, None] * (3 * RANK) + c[None, :]
+        e_rows = rnn_w_ptr + RANK * s_rw_in
+        a = tl.load(pre, mask=on, other=0.0)
+        a += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, 0, RANK, BLOCK_R), input_precision="ieee")
+        a += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, 0, RANK, BLOCK_R), input_precision="ieee")
+        cc = tl.load(pre + RANK, mask=on, other=0.0)
+        cc += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R), input_precision="ieee")
+        cc += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R), input_precision="ieee")
+        o = tl.load(pre + 2 * RANK, mask=on, other=0.0)
+        o += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R), input_precision="ieee")
+        o += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R), input_precision="ieee")
+        gate = tl.sigmoid(a)
+        tl.store(s_ptrs, gate * s + (1.0 - gate) * _tanh(cc), mask=on)
+        lat = _tanh(o)
+    tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], lat, mask=on)
+    if HAS_CONF:
+        cw = tl.load(conf_w_ptr + D + c, mask=c < RANK, other=0.0).to(tl.float32)
+        conf = tl.load(conf_h_ptr + row, mask=active, other=0.0) + tl.sum(e * cw[None, :], 1)
+        tl.store(conf_ptr + row, conf, mask=active)
 
-    ``probs[i]`` is the workspace of slot i (scaled logits, then the filtered probabilities); ``lat [R, r]`` holds
-    the slot's latent and ``state [R, 2, r]`` the rnn state (ping-pong: slot j reads half ``j % 2``). Without
-    ``SAMPLE`` (no uniforms: every request greedy) every slot takes the argmax and ``probs`` is never touched.
-    """
+
+@triton.jit
+def _slot_vocab_kernel(
+    logits_ptr, cu_ptr, lat_ptr, w2_ptr, s_w2r, s_w2v, temp_ptr, ws_ptr, part_ptr, part_arg_ptr,
+    R, V, RANK, k, NT,
+    KIND: tl.constexpr, STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """One vocab tile of slot ``k`` for ``BLOCK_M`` requests: ``x = (U.float() + lat @ w2) / t_eff`` (``STORE``:
+    written to the draft rows of sampled requests), and per request the tile's max, lowest-index argmax, min and
+    ``sum(exp(x - max))`` into ``part [3, R, NT]`` / ``part_arg [R, NT]``."""
+    tile = tl.program_id(0)
+    m, active, row = _block_rows(cu_ptr, R, k, tl.program_id(1), BLOCK_M)
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    on = active[:, None] & (cols < V)[None, :]
+    offs = row[:, None] * V + cols[None, :]
+    x = tl.load(logits_ptr + offs, mask=on, other=0.0).to(tl.float32)
+    if KIND != 0:
+        c = tl.arange(0, BLOCK_R)
+        lat = tl.load(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :],
+                      mask=active[:, None] & (c < RANK)[None, :], other=0.0)
+        w = tl.load(w2_ptr + c[:, None].to(tl.int64) * s_w2r + cols[None, :].to(tl.int64) * s_w2v,
+                    mask=(c < RANK)[:, None] & (cols < V)[None, :], other=0.0).to(tl.float32)
+        x += tl.dot(lat, w, input_precision="ieee")
+    t = tl.load(temp_ptr + m, mask=active, other=1.0)
+    x = x / tl.where(t > 0.0, t, 1.0)[:, None]
+    if STORE:
+        tl.store(ws_ptr + offs, x, mask=on & (t > 0.0)[:, None])
+    xm = tl.where(on, x, float("-inf"))
+    t_max = tl.max(xm, 1)
+    t_arg = tl.argmax(xm, 1) + tile * BLOCK_V
+    t_min = tl.min(tl.where(on, x, float("inf")), 1)
+    t_sum = tl.sum(tl.where(on, tl.exp(x - t_max[:, None]), 0.0), 1)
+    at = m.to(tl.int64) * NT + tile
+    plane = R * NT
+    tl.store(part_ptr + at, t_max, mask=active)
+    tl.store(part_ptr + plane + at, t_min, mask=active)
+    tl.store(part_ptr + 2 * plane + at, t_sum, mask=active)
+    tl.store(part_arg_ptr + at, t_arg, mask=active)
+
+
+@triton.jit
+def _slot_draw_kernel(
+    cu_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, part_ptr, part_arg_ptr, ws_ptr, tokens_ptr, row_max_ptr,
+    row_z_ptr, R, V, k, NT,
+    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Request ``req``'s slot ``k``: merge the tiles' statistics into the row max ``M`` and argmax; greedy takes the
+    argmax. A sampled row without filters draws by inverse CDF against ``u * Z`` (``Z = sum_t s_t exp(m_t - M)``):
+    the tile from the tiles' masses, the index from that tile's ``exp(x - M)``; a filtered row (top-k / top-p) is
+    filtered in place by :func:`filter_row` and drawn by :func:`inverse_cdf_row`. ``row_z``: ``Z`` (the normalise
+    pass divides by it), 0 (the row is already final) or -1 (greedy: one-hot)."""
     req = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + req).to(tl.int64)
-    n = tl.load(cu_ptr + req + 1).to(tl.int64) - start
-    t = tl.load(temp_ptr + req)
-    t_eff = tl.where(t > 0.0, t, 1.0)
-    prev = tl.load(anchor_ptr + req).to(tl.int64)
-    lat_row = lat_ptr + req * RANK
-    for j in range(0, n):
-        i = start + j
-        h_row = hidden_ptr + i * D
-        e_row = w1_ptr + prev * RANK
-        probs_row = probs_ptr + i * V
-        if KIND != 0:
-            s_old = state_ptr + (req * 2 + j % 2) * RANK
-            s_new = state_ptr + (req * 2 + (j + 1) % 2) * RANK
-            _write_latent(lat_row, e_row, h_row, s_old, s_new, gate_w_ptr, gate_b_ptr, rnn_w_ptr, rnn_b_ptr, D,
-                          RANK, s_gw_in, s_gw_out, s_rw_in, s_rw_out, KIND, BLOCK_R, BLOCK_D)
-            tl.debug_barrier()
-        if HAS_CONF:
-            c = _dot(h_row, conf_w_ptr, D, BLOCK_D) + tl.load(conf_b_ptr).to(tl.float32)
-            if KIND != 0:
-                c += _dot(e_row, conf_w_ptr + D, RANK, BLOCK_R)
-            tl.store(conf_ptr + i, c)
-        best, token, least = _slot_logits(logits_ptr + i * V, probs_row, lat_row, w2_ptr, s_w2r, s_w2v, V, RANK,
-                                          t_eff, KIND, SAMPLE, BLOCK_V, BLOCK_R)
-        tl.debug_barrier()
+    if k < tl.load(cu_ptr + req + 1).to(tl.int64) - start:
+        row = start + k
+        ti = tl.arange(0, BLOCK_T)
+        tv = ti < NT
+        at = req * NT + ti
+        plane = R * NT
+        p_max = tl.load(part_ptr + at, mask=tv, other=float("-inf"))
+        best = tl.max(p_max, 0)
+        token = tl.min(tl.where(p_max == best, tl.load(part_arg_ptr + at, mask=tv, other=V), V), 0).to(tl.int64)
         if SAMPLE:
+            t = tl.load(temp_ptr + req)
+            z = tl.full((), -1.0, tl.float32)
             if t > 0.0:
-                filter_row(probs_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
-                tl.debug_barrier()
-                token = inverse_cdf_row(probs_row, V, tl.load(u_ptr + i), BLOCK_V)
-            else:
-                _one_hot_row(probs_row, V, token, BLOCK_V)
-        tl.store(tokens_ptr + i, token)
-        prev = token
-        tl.debug_barrier()
+                filtered = k < 0
+                if HAS_TOP_K:
+                    kk = tl.load(top_k_ptr + req)
+                    filtered = filtered | ((kk > 0) & (kk < V))
+                if HAS_TOP_P:
+                    filtered = filtered | (tl.load(top_p_ptr + req) < 1.0)
+                ws_row = ws_ptr + row * V
+                u = tl.load(u_ptr + row)
+                if filtered:
+                    least = tl.min(tl.load(part_ptr + plane + at, mask=tv, other=float("inf")), 0)
+                    filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
+                    token = inverse_cdf_row(ws_row, V, u, BLOCK_V)
+                    z = tl.zeros((), dtype=tl.float32)
+                else:
+                    mass = tl.where(tv, tl.load(part_ptr + 2 * plane + at, mask=tv, other=0.0) * tl.exp(p_max - best),
+                                    0.0)
+                    z = tl.sum(mass, 0)
+                    target = u * z
+                    hit = (mass > 0.0) & (tl.cumsum(mass, 0) > target)
+                    pick = tl.min(tl.where(hit, ti, NT), 0)
+                    pick = tl.where(pick < NT, pick, tl.max(tl.where(mass > 0.0, ti, -1), 0))
+                    running = tl.sum(tl.where(ti < pick, mass, 0.0), 0)
+                    idx = pick * BLOCK_V + tl.arange(0, BLOCK_V)
+                    valid = idx < V
+                    e = tl.where(valid, tl.exp(tl.load(ws_row + idx, mask=valid, other=float("-inf")) - best), 0.0)
+                    found = tl.zeros((), dtype=tl.int64) + V
+                    last = tl.zeros((), dtype=tl.int64) - 1
+                    running, found, last = cdf_scan_step(e, idx.to(tl.int64), valid, V, target, running, found, last)
+                    token = tl.where(found < V, found, last)
+            tl.store(row_max_ptr + row, best)
+            tl.store(row_z_ptr + row, z)
+        tl.store(tokens_ptr + row, token)
+
+
+@triton.jit
+def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, N, V,
+                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One ``[BLOCK_M, BLOCK_V]`` tile of the draft rows: ``exp(x - max) / Z`` where ``Z > 0``, the one-hot row of
+    the token where ``Z < 0`` (greedy), untouched where ``Z == 0`` (already final)."""
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rv = rows < N
+    cols = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
+    z = tl.load(row_z_ptr + rows, mask=rv, other=0.0)
+    best = tl.load(row_max_ptr + rows, mask=rv, other=0.0)
+    tok = tl.load(tokens_ptr + rows, mask=rv, other=-1)
+    on = rv[:, None] & (cols < V)[None, :]
+    offs = rows[:, None].to(tl.int64) * V + cols[None, :]
+    norm = (z > 0.0)[:, None]
+    x = tl.load(ws_ptr + offs, mask=on & norm, other=0.0)
+    one_hot = tl.where(cols[None, :] == tok[:, None], 1.0, 0.0)
+    p = tl.where(norm, tl.exp(x - best[:, None]) / tl.where(z > 0.0, z, 1.0)[:, None], one_hot)
+    tl.store(ws_ptr + offs, p, mask=on & (z != 0.0)[:, None])
 
 
 # -------------------------------------------------------------------------------------------------------- launcher
+def _hidden_terms(weights: SequentialHeadWeights, hidden: torch.Tensor, rank: int):
+    """The hidden-state terms of every slot, one GEMM each (float32): ``conf_h [N]`` (``h . conf_w_h + conf_b``),
+    ``gate_h [N, r]`` (``h @ gate_w_h + gate_b``) and ``rnn_h [N, 3r]`` (``h @ rnn_w_h + rnn_b``); None when unused."""
+    h = hidden.float()
+    d = h.shape[1]
+    conf_h = gate_h = rnn_h = None
+    if weights.conf_w is not None:
+        conf_h = torch.addmv(weights.conf_b.float().expand(h.shape[0]), h, weights.conf_w[:d].float()).contiguous()
+    if weights.kind == "gated":
+        gate_h = torch.addmm(weights.gate_b.float(), h, weights.gate_w[:d].float()).contiguous()
+    if weights.kind == "rnn":
+        rnn_h = torch.addmm(weights.rnn_b.float(), h, weights.rnn_w[2 * rank:].float()).contiguous()
+    return conf_h, gate_h, rnn_h
+
+
 def sequential_head_triton(
     base_logits: torch.Tensor,
     hidden: torch.Tensor,
@@ -237,48 +302,76 @@ def sequential_head_triton(
     top_p: torch.Tensor | None,
     uniforms: torch.Tensor | None,
 ) -> SequentialHeadResult:
-    """Triton twin of :func:`sequential_head_ref` (same signature): one launch, grid ``R``, no host sync.
-
-    Weight matrices are read through their strides (``w2``/``gate_w``/``rnn_w`` may be transposed views of
-    ``nn.Linear`` weights); vectors, ``w1`` and the activations are made contiguous.
-    """
+    """Triton twin of :func:`sequential_head_ref` (same signature): per slot a latent, a vocab-parallel and a draw
+    launch (see the kernels' comment), then one normalise launch over the draft rows; one host sync for the longest
+    block. Weight matrices are read through their strides; the draft rows are written once by the kernels (no
+    memset)."""
     dev = base_logits.device
     n, v = base_logits.shape
-    d = hidden.shape[1]
     r = cu_num_draft_tokens.numel() - 1
     kind = _KIND_IDS[weights.kind]
     rank = weights.w1.shape[1] if kind else 0
     sample = uniforms is not None
-    tokens = torch.zeros(n, dtype=torch.int64, device=dev)
-    probs = torch.zeros(n, v, dtype=torch.float32, device=dev) if sample else None
-    conf = torch.zeros(n, dtype=torch.float32, device=dev)
     if r == 0 or n == 0:
-        return SequentialHeadResult(tokens, probs, conf)
+        probs = torch.zeros(n, v, dtype=torch.float32, device=dev) if sample else None
+        return SequentialHeadResult(torch.zeros(n, dtype=torch.int64, device=dev), probs,
+                                    torch.zeros(n, dtype=torch.float32, device=dev))
     cfg = launch_config("sequential_head", _DEFAULTS, dev)
+    block_m, block_v = cfg["BLOCK_M"], cfg["BLOCK_V"]
+    block_r = max(16, triton.next_power_of_2(max(rank, 1)))
+    n_tiles = triton.cdiv(v, block_v)
+    cu = cu_num_draft_tokens.contiguous()
+    max_len = int((cu[1:] - cu[:-1]).max())
+    conf_h, gate_h, rnn_h = _hidden_terms(weights, hidden, rank)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
-
-    def vec(t: torch.Tensor | None) -> torch.Tensor:
-        return t.contiguous() if t is not None else dummy
 
     def mat(t: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
         return (t, t.stride(0), t.stride(1)) if t is not None else (dummy, 0, 0)
 
+    w1, s_w1, _ = mat(weights.w1)
     w2, s_w2r, s_w2v = mat(weights.w2)
     gate_w, s_gw_in, s_gw_out = mat(weights.gate_w)
     rnn_w, s_rw_in, s_rw_out = mat(weights.rnn_w)
-    lat = torch.zeros(r, max(rank, 1), dtype=torch.float32, device=dev)
-    state = torch.zeros(r, 2, max(rank, 1), dtype=torch.float32, device=dev)
-    _sequential_head_kernel[(r,)](
-        base_logits.contiguous(), hidden.contiguous(), anchor_tokens.contiguous(), cu_num_draft_tokens.contiguous(),
-        vec(weights.w1), w2, gate_w, vec(weights.gate_b), rnn_w, vec(weights.rnn_b), vec(weights.conf_w),
-        vec(weights.conf_b), temperature.float().contiguous(), vec(top_k), vec(top_p), vec(uniforms),
-        tokens, probs if sample else dummy, conf, lat, state,
-        v, d, rank, s_w2r, s_w2v, s_gw_in, s_gw_out, s_rw_in, s_rw_out,
-        KIND=kind, HAS_CONF=weights.conf_w is not None, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
-        SAMPLE=sample, BLOCK_V=cfg["BLOCK_V"], BLOCK_R=cfg["BLOCK_R"], BLOCK_D=cfg["BLOCK_D"],
-        num_warps=cfg["num_warps"],
-    )
-    return SequentialHeadResult(tokens, probs, conf)
+    tokens = torch.empty(n, dtype=torch.int64, device=dev)
+    probs = torch.empty(n, v, dtype=torch.float32, device=dev) if sample else dummy
+    row_max = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
+    row_z = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
+    if weights.conf_w is None:
+        conf = torch.zeros(n, dtype=torch.float32, device=dev)
+    else:
+        conf = conf_h if kind == 0 else torch.empty(n, dtype=torch.float32, device=dev)
+    lat = torch.empty(r, max(rank, 1), dtype=torch.float32, device=dev)
+    state = torch.zeros(r, rank, dtype=torch.float32, device=dev) if weights.kind == "rnn" else dummy
+    part = torch.empty(3, r, n_tiles, dtype=torch.float32, device=dev)
+    part_arg = torch.empty(r, n_tiles, dtype=torch.int32, device=dev)
+    logits = base_logits.contiguous()
+    temp = temperature.float().contiguous()
+    anchors = anchor_tokens.contiguous()
+    blocks = triton.cdiv(r, block_m)
+    for k in range(max_len):
+        if kind:
+            _slot_latent_kernel[(blocks,)](
+                anchors, cu, tokens, w1, s_w1, gate_h if gate_h is not None else dummy, gate_w, s_gw_in, s_gw_out,
+                rnn_h if rnn_h is not None else dummy, rnn_w, s_rw_in, s_rw_out, state,
+                conf_h if conf_h is not None else dummy,
+                weights.conf_w if weights.conf_w is not None else dummy, lat, conf,
+                r, hidden.shape[1], rank, k,
+                KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r, num_warps=4,
+            )
+        _slot_vocab_kernel[(n_tiles, blocks)](
+            logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, r, v, rank, k, n_tiles,
+            KIND=kind, STORE=sample, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_R=block_r, num_warps=cfg["num_warps"],
+        )
+        _slot_draw_kernel[(r,)](
+            cu, temp, top_k if top_k is not None else dummy, top_p if top_p is not None else dummy,
+            uniforms if sample else dummy, part, part_arg, probs, tokens, row_max, row_z, r, v, k, n_tiles,
+            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, SAMPLE=sample,
+            BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
+        )
+    if sample:
+        _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, n, v,
+                                                              BLOCK_M=block_m, BLOCK_V=block_v, num_warps=4)
+    return SequentialHeadResult(tokens, probs if sample else None, conf)
 
 
 # ------------------------------------------------------------------------------------------------------ public op
