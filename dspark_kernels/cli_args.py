@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["DEFAULT_CORPUS", "check_corpus", "fraction_below_one", "missing_inputs_are_usage_errors", "model_source",
+__all__ = ["DEFAULT_CORPUS", "DRAFT_VOCAB_HELP", "check_corpus", "draft_vocab_choice", "fraction_below_one",
+           "missing_inputs_are_usage_errors", "model_source",
            "non_negative_float", "non_negative_int", "positive_float", "positive_int"]
 
 DEFAULT_CORPUS = Path("data/corpus")
@@ -97,3 +98,29 @@ def check_corpus(parser: argparse.ArgumentParser, corpus: Path) -> bool:
                  f"`python -m dspark_kernels.train.corpus --out {corpus}`, or leave --corpus at its default "
                  f"({DEFAULT_CORPUS}, built on first use)")
     return False
+
+
+DRAFT_VOCAB_HELP = ("draft over the K most frequent tokens of the drafters' token ranking (lossless); 0 drafts over "
+                    "the whole vocabulary (default: the registry's choice for a registry target's shipped drafters, 8192 "
+                    "for SmolLM2; else the whole vocabulary)")
+
+
+def draft_vocab_choice(value: int | None, model: object, shipped: bool, drafter_dirs: list[Path]) -> int | None:
+    """The draft vocabulary a tool's ``--draft-vocab`` asks for (None: the whole vocabulary), checked before any model
+    loads: ``value`` >= 0 (0: the whole vocabulary), None takes the registry's ``draft_vocab`` of ``model`` when the
+    drafters are the ones shipped for it; every drafter directory must then hold its token ranking. ValueError names
+    the option."""
+    from .drafters.draft_vocab import RANKING_FILE
+    from .models.registry import REGISTRY
+
+    if value is not None and value < 0:
+        raise ValueError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {value}")
+    if value is None and shipped and isinstance(model, str) and model in REGISTRY:
+        value = REGISTRY[model].draft_vocab
+    if not value:
+        return None
+    unranked = [str(d) for d in drafter_dirs if not (Path(d) / RANKING_FILE).is_file()]
+    if unranked:
+        raise ValueError(f"--draft-vocab: {', '.join(unranked)} has no token ranking ({RANKING_FILE}; build it with "
+                         "python -m dspark_kernels.train.token_ranking)")
+    return value

@@ -31,9 +31,8 @@ from pathlib import Path
 import torch
 
 from .bench import device_record
-from .cli_args import model_source
+from .cli_args import DRAFT_VOCAB_HELP, draft_vocab_choice, model_source
 from .drafters import load_drafter
-from .drafters.draft_vocab import RANKING_FILE
 from .engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
 from .engine.speculative import speculative_generate
 from .models import generate, load_model
@@ -112,9 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="DSpark drafter directory (default: the one shipped for a registry --model)")
     p.add_argument("--baseline-drafter", type=Path, default=None,
                    help="DFlash comparison drafter (default: the one shipped for a registry --model; none otherwise)")
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="draft over the K most frequent tokens of the drafters' token ranking (lossless; default: "
-                        "the whole vocabulary)")
+    p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     p.add_argument("--seed", type=int, default=0, help="sampling seed, 0 .. 2**31 - 1")
     p.add_argument("--repeats", type=int, default=3,
                    help="decode every prompt this many times with each method, interleaved, and time each method by "
@@ -244,21 +241,22 @@ def check_demo_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         args.gamma = cli_gamma(args.gamma, args.draft_length)
     except ValueError as e:
         p.error(str(e))
+    shipped = args.drafter is None
     if args.drafter is None:
         args.drafter = shipped_drafter(args.model, "dspark")
         if args.drafter is None:
             p.error(f"--drafter is required: no DSpark drafter is shipped for --model {args.model}")
         if args.baseline_drafter is None:
             args.baseline_drafter = shipped_drafter(args.model, "dflash")
-    if args.draft_vocab is not None and args.draft_vocab < 1:
-        p.error(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
+    dirs = [d for d in (args.drafter, args.baseline_drafter) if d is not None]
     for name in ("drafter", "baseline_drafter"):
         path = getattr(args, name)
         if path is not None and not (path / "drafter_config.json").is_file():
             p.error(f"--{name.replace('_', '-')} {path} is not a drafter directory (no drafter_config.json)")
-        if path is not None and args.draft_vocab is not None and not (path / RANKING_FILE).is_file():
-            p.error(f"--draft-vocab: --{name.replace('_', '-')} {path} has no token ranking ({RANKING_FILE}; build it "
-                    "with python -m dspark_kernels.train.token_ranking)")
+    try:
+        args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model, shipped, dirs)
+    except ValueError as e:
+        p.error(str(e))
     if args.json is not None:
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)

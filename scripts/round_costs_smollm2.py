@@ -76,7 +76,8 @@ for gamma in (7, 15):
         def sub_head():
             d.draft_vocab.sequential_head(sub.base_logits, sub.hidden, anchors, cu, w, torch.zeros(1), None, None,
                                           None, check_inputs=False)
-        row["draft_vocab"][k] = {"drafter_backbone_ms": med(backbone), "draft_lm_head_ms": med(lambda: d.draft_logits(h)),
+        row["draft_vocab"][k] = {"drafter_backbone_ms": med(backbone),
+                                 "draft_lm_head_ms": med(lambda: d.draft_logits(h)),
                                  "sequential_head_greedy_ms": med(sub_head)}
         d.draft_vocab = None
     out[f"gamma{gamma}"] = row

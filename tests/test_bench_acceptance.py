@@ -41,7 +41,7 @@ def test_merge_rejects_different_settings(tmp_path):
     (["--temperatures", "0", "nan"], "--temperatures must be finite"), (["--temperatures", "-1"], "--temperatures"),
     (["--prompt-len", "100000"], "--prompt-len must be <= 2048"), (["--seed", "-1"], "--seed must be in"),
     (["--drafters", "nope"], "no such drafter"), (["--prompts", "missing.json"], "does not exist"),
-    (["--draft-vocab", "0"], "--draft-vocab must be >= 1"), (["--draft-vocab", "64"], "have no token ranking")])
+    (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"), (["--draft-vocab", "64"], "has no token ranking")])
 def test_bad_options_are_usage_errors_before_any_model_loads(argv, message, monkeypatch, capsys):
     from dspark_kernels.bench import __main__ as bench_main
 

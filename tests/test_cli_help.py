@@ -8,7 +8,8 @@ import pytest
 MAINS = ["dspark_kernels.demo", "dspark_kernels.bench.__main__", "dspark_kernels.train.drafter",
          "dspark_kernels.train.chain_drafter", "dspark_kernels.train.rollouts", "dspark_kernels.train.prompts.__main__",
          "dspark_kernels.train.corpus", "dspark_kernels.train.tokenizer", "dspark_kernels.train.target",
-         "dspark_kernels.train.calibration", "dspark_kernels.train.model_card", "dspark_kernels.train.token_ranking", "dspark_kernels.train.assistant", "dspark_kernels.engine.sps",
+         "dspark_kernels.train.calibration", "dspark_kernels.train.model_card", "dspark_kernels.train.token_ranking",
+         "dspark_kernels.train.assistant", "dspark_kernels.engine.sps",
          "dspark_kernels.autotune.tune", "dspark_kernels.assets.__main__", "dspark_kernels.models.convert"]
 
 

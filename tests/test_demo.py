@@ -86,7 +86,7 @@ def test_demo_times_each_method_by_its_fastest_repeat(tmp_path, monkeypatch):
     (["--temperature", "inf"], "--temperature must be a finite number >= 0"),
     (["--model", "/nonexistent"], "argument --model: '/nonexistent' is not a registry name"),
     (["--drafter", "/nonexistent"], "is not a drafter directory"),
-    (["--draft-vocab", "0"], "--draft-vocab must be >= 1"),
+    (["--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
     (["--draft-vocab", "64"], "has no token ranking"),
     (["--json", "/dev/null/demo.json"], "--json /dev/null/demo.json: cannot create its directory"),
 ])

@@ -27,9 +27,8 @@ import random
 import time
 from pathlib import Path
 
-from ..cli_args import DEFAULT_CORPUS, check_corpus, model_source, positive_int
+from ..cli_args import DEFAULT_CORPUS, DRAFT_VOCAB_HELP, check_corpus, draft_vocab_choice, model_source, positive_int
 from ..drafters import load_drafter
-from ..drafters.draft_vocab import RANKING_FILE
 from ..drafters.block_drafter import MAX_GAMMA
 from ..engine.speculative import speculative_generate
 from ..models import load_model
@@ -193,8 +192,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="prompt-window and sampling seed, 0..2**31 - 1")
     p.add_argument("--json", type=Path, default=Path("results/acceptance.json"),
                    help="result JSON (the .md table and .png plot are written next to it)")
-    p.add_argument("--draft-vocab", type=int, default=None,
-                   help="every drafter drafts over the K most frequent tokens of its token ranking (default: all)")
+    p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     p.add_argument("--merge", type=Path, nargs="+", default=None,
                    help="do not run: combine these result JSONs (e.g. drafters split over processes) into --json")
 
@@ -218,6 +216,7 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         p.error(f"--seed must be in 0..2**31 - 1, got {args.seed}")
     if args.merge:
         return
+    shipped = args.drafter_dir is None
     if args.drafter_dir is None:
         spec = REGISTRY.get(args.model) if isinstance(args.model, str) else None
         if spec is None or spec.drafters is None:
@@ -230,13 +229,11 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     missing = [d for d in args.drafters if not (Path(args.drafter_dir) / d / "drafter_config.json").is_file()]
     if missing:
         p.error(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
-    if args.draft_vocab is not None:
-        if args.draft_vocab < 1:
-            p.error(f"--draft-vocab must be >= 1, got {args.draft_vocab}")
-        unranked = [d for d in args.drafters if not (Path(args.drafter_dir) / d / RANKING_FILE).is_file()]
-        if unranked:
-            p.error(f"--draft-vocab: --drafters {unranked} have no token ranking ({RANKING_FILE}) under "
-                    f"{args.drafter_dir}")
+    try:
+        args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model, shipped,
+                                              [Path(args.drafter_dir) / d for d in args.drafters])
+    except ValueError as e:
+        p.error(str(e))
     allowed = list(PROMPT_DOMAINS) if args.prompts is not None and args.prompts.is_dir() else list(DOMAIN_SPLITS)
     if args.domains is None:
         args.domains = allowed

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import model_source, non_negative_int, positive_int
+from ..cli_args import DRAFT_VOCAB_HELP, draft_vocab_choice, model_source, non_negative_int, positive_int
 from ..demo import CHAT_PROMPTS, TEXT_PROMPTS
 from ..drafters import load_drafter
 from ..engine.draft_length import DRAFT_LENGTH_MODES, AdaptiveDraftLength, cli_gamma, measure_round_costs
@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> dict:
     methods["ar"] = lambda ids, n: generate(target, [ids], n, eos_token_id=eos, impl=args.impl).tokens[0]
     costs = {}
     for name in args.drafters:
-        drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.drafter_gemm_dtype)
+        drafter = load_drafter(Path(args.drafter_dir) / name, target, gemm_dtype=args.drafter_gemm_dtype,
+                               draft_vocab=args.draft_vocab)
         schedule = None
         if args.draft_length == "adaptive":  # measure_round_costs warms the drafter up itself
             schedule = AdaptiveDraftLength(measure_round_costs(target, drafter, warm, args.gamma))
@@ -182,7 +183,8 @@ def run(args: argparse.Namespace) -> dict:
                          "draft_length": args.draft_length, "round_costs": costs, "domains": domains,
                          "prompts": len(prompts), "prompt_lookup_num_tokens": args.prompt_lookup_tokens,
                          "batch_size": 1, "temperature": 0.0, "gemm_dtype": args.gemm_dtype,
-                         "drafter_gemm_dtype": args.drafter_gemm_dtype, "repeats": args.repeats},
+                         "drafter_gemm_dtype": args.drafter_gemm_dtype, "repeats": args.repeats,
+                         "draft_vocab": args.draft_vocab},
             "model": str(args.model), "drafter_dir": str(args.drafter_dir), "drafters": list(args.drafters),
             "device": device_record(), "best_transformers": best_hf["method"], "runs": rows}
 
@@ -220,6 +222,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-gemm-dtype", choices=sorted(GEMM_DTYPES), default="float32",
                    help="our drafters' own linear-layer weight dtype (their LM head is the target's); it changes which "
                         "tokens are proposed, never the output")
+    p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     p.add_argument("--repeats", type=positive_int, default=3,
                    help="decode every prompt this many times with each method, interleaved; time the fastest")
     p.add_argument("--json", type=Path, help="write the results here (and a markdown table next to it)")
@@ -232,6 +235,7 @@ def main(args: argparse.Namespace) -> dict:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     args.gamma = cli_gamma(args.gamma, args.draft_length)
     spec = REGISTRY.get(args.model) if isinstance(args.model, str) else None
+    shipped = args.drafter_dir is None
     if args.drafter_dir is None:
         if spec is None or spec.drafters is None:
             raise ValueError(f"--drafter-dir is required: no drafters are shipped for --model {args.model}")
@@ -239,6 +243,8 @@ def main(args: argparse.Namespace) -> dict:
     missing = [d for d in args.drafters if not (args.drafter_dir / d / "drafter_config.json").is_file()]
     if missing:
         raise ValueError(f"--drafters {missing}: no such drafter under {args.drafter_dir}")
+    args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model, shipped,
+                                          [args.drafter_dir / d for d in args.drafters])
     if args.assistant is None and args.model == "dspark-target":
         args.assistant = ASSETS / "assistant"
     if args.assistant is not None and not (args.assistant / "config.json").is_file():

@@ -114,8 +114,8 @@ class DraftLayer(DecoderLayer):
 
 @dataclass
 class Proposal:
-    """One drafting round: base logits ``U [N, V]`` (``[N, K]`` over a draft vocabulary) and hidden ``h [N, hidden]`` of every block slot, requests
-    flattened by ``cu [R + 1]`` (each request's block length)."""
+    """One drafting round: base logits ``U [N, V]`` (``[N, K]`` over a draft vocabulary) and hidden ``h [N, hidden]``
+    of every block slot, requests flattened by ``cu [R + 1]`` (each request's block length)."""
 
     base_logits: torch.Tensor
     hidden: torch.Tensor

@@ -53,8 +53,8 @@ from ..models.transformer import CausalLM, RMSNorm
 from ..ops import verify_attention
 from ..ops.sequential_head import SequentialHeadWeights
 from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_config, save_drafter
-from .draft_vocab import DraftVocab, draft_logits, draw
 from .block_drafter import DraftLayer
+from .draft_vocab import DraftVocab, draft_logits, draw
 
 __all__ = ["ChainDrafter", "ChainDrafterConfig", "ChainState", "load_chain_drafter"]
 
@@ -120,7 +120,8 @@ class ChainState:
 @dataclass
 class ChainDraft:
     """``tokens [R, gamma]``, ``draft_probs [R, gamma, V]`` (None when drafted without uniforms: all greedy),
-    ``logits [R, gamma, V]`` (unfiltered, fp32; ``[R, gamma, K]`` over a draft vocabulary) and ``hidden [R, gamma, hidden]`` of every chain step."""
+    ``logits [R, gamma, V]`` (unfiltered, fp32; ``[R, gamma, K]`` over a draft vocabulary) and
+    ``hidden [R, gamma, hidden]`` of every chain step."""
 
     tokens: torch.Tensor
     draft_probs: torch.Tensor | None

