@@ -101,8 +101,8 @@ def check_corpus(parser: argparse.ArgumentParser, corpus: Path) -> bool:
 
 
 DRAFT_VOCAB_HELP = ("draft over the K most frequent tokens of the drafters' token ranking (lossless); 0 drafts over "
-                    "the whole vocabulary (default: the registry's choice for a registry target's shipped drafters, 8192 "
-                    "for SmolLM2; else the whole vocabulary)")
+                    "the whole vocabulary (default: the registry's choice for a registry target's shipped drafters, "
+                    "8192 for SmolLM2; else the whole vocabulary)")
 
 
 def draft_vocab_choice(value: int | None, model: object, shipped: bool, drafter_dirs: list[Path]) -> int | None:
