@@ -30,9 +30,13 @@ for dt in ("bf16", "fp16", "fp32"):
     att = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, PAGE_SIZE=16, DOT_F32=False,
                PRECISION="ieee" if dt == "fp32" else "tf32")
     idx = {n: "*i32" for n in ("PT", "CU", "SL", "CL")}
-    for aligned in (False, True):  # the default launch and the batch-invariant one
+    parts = {n: "*fp32" for n in ("MS", "LS", "AS")}
+    for aligned, splits in ((False, 1), (True, 1), (False, 32)):  # default, batch-invariant, split-KV launches
         build("verify_attention", "_verify_attention_kernel",
-              {**{n: "*" + dt for n in ("Q", "K", "V", "Out")}, **idx, "qk_scale": "fp32"}, {**att, "ALIGNED": aligned})
+              {**{n: "*" + dt for n in ("Q", "K", "V", "Out")}, **idx, **parts, "qk_scale": "fp32"},
+              {**att, "ALIGNED": aligned, "NUM_SPLITS": splits})
+    build("verify_attention", "_merge_splits_kernel", {**parts, "Out": "*" + dt},
+          dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32))
     build("draft_block_attention", "_draft_block_attention_kernel",
           {**{n: "*" + dt for n in ("Q", "KB", "VB", "KC", "VC", "Out")}, **idx, "qk_scale": "fp32"}, att)
     build("rejection_sample", "_target_probs_kernel",

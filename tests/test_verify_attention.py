@@ -325,3 +325,21 @@ def test_plan_must_match_the_call():
         plan_verify_attention(pt, cu, sl, 4, 0, impl="torch")
     with pytest.raises(ValueError, match="page_size"):
         plan_verify_attention(pt, cu, sl, 0, 4, impl="torch")
+
+
+@pytest.mark.parametrize("base,kv_bound,expect_split", [(8, 4096, True), (64, 4096, True), (200, 4096, False),
+                                                        (8, 64, False), (1, 100_000, True)])
+def test_kv_split_plan_fills_the_gpu(base, kv_bound, expect_split):
+    """Few programs (decode of one request: 8 KV heads) get split keys up to about two waves of 132 SMs; each split is
+    a whole number of key tiles and the splits cover the longest request; a full grid or a one-tile context stays
+    whole."""
+    from dspark_kernels.ops.verify_attention import kv_splits
+
+    splits, split_len = kv_splits(base, kv_bound, 64, 132)
+    assert (splits > 1) == expect_split
+    assert splits * split_len >= kv_bound and (splits - 1) * split_len < kv_bound
+    if expect_split:
+        assert split_len % 64 == 0 and splits <= 64
+        assert splits >= min(64, -(-132 // base)) - 1  # about one wave at least (rounding to whole tiles)
+    if base == 8 and kv_bound == 4096:
+        assert base * splits >= 132

@@ -32,3 +32,14 @@ def resolve_impl(impl: str | None, device: torch.device) -> str:
                 f"impl='triton' needs CUDA tensors (got device {device}) or the interpreter (TRITON_INTERPRET=1)"
             )
     return choice
+
+
+H100_SMS = 132  # the SM count plans assume off a GPU (the interpreter, offline traffic counts): an H100/H200's
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (a CUDA device's own count; :data:`H100_SMS` elsewhere), for grid
+    plans that aim at full waves."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H100_SMS

@@ -32,12 +32,13 @@ from ..reference.batch_invariant_attention import (
 )
 from ..reference.verify_attention import plan_verify_attention as _plan_ref
 from ..reference.verify_attention import verify_attention_ref
-from ._dispatch import resolve_impl, triton_interpreted
+from ._dispatch import num_sms, resolve_impl, triton_interpreted
 from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
 from ._layout import unit_inner_stride
 from ._validate import check_paged_attention, check_plan_args
 
-__all__ = ["PINNED_LAUNCH", "PinnedLaunch", "plan_verify_attention", "verify_attention", "verify_attention_triton"]
+__all__ = ["PINNED_LAUNCH", "PinnedLaunch", "kv_splits", "plan_verify_attention", "verify_attention",
+           "verify_attention_triton"]
 
 
 def _validate(q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens, sm_scale, max_seqlen_q, plan) -> None:
@@ -128,13 +129,15 @@ PINNED_LAUNCH = PinnedLaunch(MappingProxyType(dict(_DEFAULTS["decode"])))
 
 @triton.jit
 def _verify_attention_kernel(
-    Q, K, V, Out, PT, CU, SL,
+    Q, K, V, Out, PT, CU, SL, MS, LS, AS,
     qk_scale,
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh,
     stride_pt,
+    total_q, num_heads, split_len,
+    NUM_SPLITS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -152,9 +155,15 @@ def _verify_attention_kernel(
     ``ALIGNED`` (batch-invariant launches, ``BLOCK_M`` a multiple of ``GROUP``): tiles hold the tokens of
     ``BLOCK_M // GROUP`` consecutive absolute positions from a multiple of that, so a token always takes the same
     rows of its tile, whatever else the call holds.
+
+    Split-KV (``NUM_SPLITS > 1``): axis 1 is ``kv head * NUM_SPLITS + split``; the program folds only keys
+    ``[split * split_len, (split + 1) * split_len)`` and writes its unnormalised partial state (running max ``MS``,
+    denominator ``LS`` ``[NUM_SPLITS, total_q, Hq]``, accumulator ``AS`` ``[NUM_SPLITS, total_q, Hq, D]``, fp32) for
+    :func:`_merge_splits_kernel`; a split past the row's last key writes max -inf and zeros.
     """
     mb = tl.program_id(0)  # query tiles on axis 0 (up to 2^31 - 1 of them: a long prefill has many)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // NUM_SPLITS
+    split = tl.program_id(1) % NUM_SPLITS
     r = tl.program_id(2)  # requests on axis 2 (CUDA allows 65535 there)
     q_start = tl.load(CU + r).to(tl.int64)
     q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
@@ -173,7 +182,11 @@ def _verify_attention_kernel(
     # keys past the last row's position are never visible: stop the loop there
     last_tok = tl.minimum((mb * BLOCK_M + BLOCK_M - 1) // GROUP - shift, q_len - 1)
     hi = kv_len - q_len + last_tok + 1
-    for start in range(0, hi, BLOCK_N):
+    lo = 0
+    if NUM_SPLITS > 1:
+        lo = split * split_len
+        hi = tl.minimum(hi, lo + split_len)
+    for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < hi
         k, v = paged_kv_tile(K, V, PT, r, stride_pt, n, n_ok, kvh, d, d_ok, stride_kp, stride_ks, stride_kh,
@@ -181,7 +194,46 @@ def _verify_attention_kernel(
         visible = n_ok[None, :] & (n[None, :] <= q_pos[:, None])
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION)
 
-    store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
+    if NUM_SPLITS > 1:
+        at = (split * total_q + q_start + tok).to(tl.int64) * num_heads + head
+        tl.store(MS + at, m_i, mask=row_ok)
+        tl.store(LS + at, l_i, mask=row_ok)
+        tl.store(AS + at[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
+
+
+@triton.jit
+def _merge_splits_kernel(MS, LS, AS, Out, total_q, num_heads, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    """One (token, query head) row: join the splits' partial states by their log-sum-exp (scores in the exp2
+    domain) into ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < NUM_SPLITS
+    at = (s * total_q + t) * num_heads + h
+    m = tl.load(MS + at, mask=s_ok, other=float("-inf"))
+    best = tl.max(m, 0)
+    w = tl.where(s_ok & (m > float("-inf")), tl.exp2(m - best), 0.0)
+    denom = tl.sum(w * tl.load(LS + at, mask=s_ok, other=0.0), 0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    acc = tl.load(AS + at[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / denom
+    tl.store(Out + t * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
+
+
+def kv_splits(base_programs: int, kv_bound: int, block_n: int, num_sms: int, most: int = 64) -> tuple[int, int]:
+    """Split-KV plan: ``(splits, split_len)`` so that ``base_programs`` (query tiles x KV heads x requests) times
+    ``splits`` fills about two waves of ``num_sms`` programs, each split a multiple of ``block_n`` keys of the
+    ``kv_bound`` a request may hold (at most ``most`` splits; ``(1, kv_bound)`` when one wave is already there)."""
+    want = min(most, -(-2 * num_sms // max(base_programs, 1)))
+    if base_programs >= num_sms or want <= 1 or kv_bound <= block_n:
+        return 1, kv_bound
+    split_len = -(-(-(-kv_bound // want)) // block_n) * block_n
+    return -(-kv_bound // split_len), split_len
 
 
 def verify_attention_triton(
@@ -198,7 +250,9 @@ def verify_attention_triton(
     """Launch the Triton kernel; same contract as :func:`verify_attention_ref`.
 
     ``max_seqlen_q`` (the longest query of the batch) sizes the grid; when omitted it is read from
-    ``cu_seqlens_q`` (one host sync).
+    ``cu_seqlens_q`` (one host sync). When query tiles x KV heads x requests would not fill the GPU's SMs, the keys are
+    split (:func:`kv_splits`, from the page table's width, no host sync) over more programs whose partial states a
+    second launch merges by log-sum-exp.
 
     ``pinned`` (batch invariance, e.g. :data:`PINNED_LAUNCH`): every call runs its config (not the autotuned one of its
     bucket) with query tiles aligned at absolute positions, so a row's arithmetic is the same in every call: a token
@@ -231,15 +285,27 @@ def verify_attention_triton(
     if n_req > _MAX_GRID_Z:
         raise ValueError(f"verify_attention launches one program column per request: at most {_MAX_GRID_Z} requests "
                          f"per call, got {n_req}")
-    grid = (triton.cdiv(rows, block_m), hkv, n_req)
+    q_tiles = triton.cdiv(rows, block_m)
+    splits, split_len = 1, 0
+    if pinned is None:  # a batch-invariant launch folds every key in one program, in one order
+        splits, split_len = kv_splits(q_tiles * hkv * n_req, page_table.shape[1] * page_size, cfg["BLOCK_N"],
+                                      num_sms(q.device))
+    ms = ls = acc = out
+    if splits > 1:
+        ms = torch.empty(splits, total_q, hq, dtype=torch.float32, device=q.device)
+        ls = torch.empty_like(ms)
+        acc = torch.empty(splits, total_q, hq, head_dim, dtype=torch.float32, device=q.device)
+    grid = (q_tiles, hkv * splits, n_req)
     _verify_attention_kernel[grid](
-        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens, ms, ls, acc,
         sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         page_table.stride(0),
+        total_q, hq, split_len,
+        NUM_SPLITS=splits,
         PAGE_SIZE=page_size,
         GROUP=group,
         HEAD_DIM=head_dim,
@@ -253,4 +319,9 @@ def verify_attention_triton(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if splits > 1:
+        _merge_splits_kernel[(total_q, hq)](ms, ls, acc, out, total_q, hq, out.stride(0), out.stride(1),
+                                            NUM_SPLITS=splits, HEAD_DIM=head_dim,
+                                            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                                            BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
     return out
