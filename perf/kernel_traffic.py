@@ -8,6 +8,8 @@ must read once, every output once); ``bytes_moved / min_bytes`` is how far the k
 The shapes are an 8B-class target's (32 query heads, 8 KV heads, head dim 128, bf16 logits and K/V, vocabulary
 151,936) at batch 8 unless a case says otherwise. The draft-block case runs 8 of its 64 requests and scales the
 counts by 8 (every request is the same work; ``scale`` in the row): the interpreter walks every program in Python.
+The rejection-sampling cases run at 1/8 of the vocabulary (18,992: their bisections make ~60 passes over each row in
+the interpreter); their rows say so in ``shape.V``, and ``min_bytes`` is for that vocabulary.
 
 CLI (about 5 minutes on 2 cores)::
 
@@ -39,65 +41,67 @@ V, HQ, HKV, D, RANK, HIDDEN = 151_936, 32, 8, 128, 64, 4096
 BF16 = torch.bfloat16
 
 
-def sequential_head_case(kind: str, r: int, gamma: int) -> tuple[dict, callable, int]:
+def sequential_head_case(kind: str, r: int, gamma: int, v: int) -> tuple[dict, callable, int]:
     """``kind`` head, ``r`` requests of ``gamma`` sampled slots (T = 1). Minimum: ``w2`` once per slot (the slots
     depend on each other; the requests of a slot share it), the base logits once, the draft rows written once, the
     other weights and activations once."""
-    batch = head_batch(kind, r, gamma, V, RANK, HIDDEN, torch.device("cpu"), BF16)
+    batch = head_batch(kind, r, gamma, v, RANK, HIDDEN, torch.device("cpu"), BF16)
     n = r * gamma
     w = batch["weights"]
     small = sum(t.numel() * t.element_size() for t in (w.conf_w, w.gate_w, w.rnn_w, batch["hidden"]) if t is not None)
-    min_bytes = gamma * RANK * V * 2 + n * V * 2 + n * V * 4 + n * RANK * 2 + small
-    return ({"kind": kind, "R": r, "gamma": gamma, "V": V, "rank": RANK, "d": HIDDEN, "dtype": "bfloat16"},
+    min_bytes = gamma * RANK * v * 2 + n * v * 2 + n * v * 4 + n * RANK * 2 + small
+    return ({"kind": kind, "R": r, "gamma": gamma, "V": v, "rank": RANK, "d": HIDDEN, "dtype": "bfloat16"},
             lambda: sequential_head(**batch, impl="triton", check_inputs=False), min_bytes)
 
 
-def rejection_case(r: int, gamma: int, top_k: int, top_p: float) -> tuple[dict, callable, int]:
+def rejection_case(r: int, gamma: int, top_k: int, top_p: float, v: int) -> tuple[dict, callable, int]:
     """T = 1 verification of ``r`` requests with ``gamma`` drafts each. Minimum: the target logits once; the draft
     probabilities at the drafted tokens, and one full draft row per request (the residual of its first rejection)."""
-    batch = rejection_batch(r, gamma, V, torch.device("cpu"), BF16)
+    batch = rejection_batch(r, gamma, v, torch.device("cpu"), BF16)
     if top_k:
         batch["top_k"] = torch.full((r,), top_k, dtype=torch.int64)
     if top_p < 1:
         batch["top_p"] = torch.full((r,), top_p)
     n = r * gamma
-    min_bytes = (n + r) * V * 2 + n * 4 + r * V * 4 + r * (gamma + 1) * 8
-    return ({"R": r, "gamma": gamma, "V": V, "top_k": top_k, "top_p": top_p, "logits_dtype": "bfloat16"},
+    min_bytes = (n + r) * v * 2 + n * 4 + r * v * 4 + r * (gamma + 1) * 8
+    return ({"R": r, "gamma": gamma, "V": v, "top_k": top_k, "top_p": top_p, "logits_dtype": "bfloat16"},
             lambda: rejection_sample(**batch, impl="triton", check_inputs=False, max_spec_len=gamma), min_bytes)
 
 
-def verify_case(r: int, q_len: int, ctx: int) -> tuple[dict, callable, int]:
+def verify_case(r: int, q_len: int, ctx: int, v: int) -> tuple[dict, callable, int]:
     """Paged attention of ``q_len`` new tokens per request over ``ctx`` cached ones (decode: ``q_len`` 1). Minimum:
-    Q once, each request's K and V once, O once."""
+    Q once, each request's K and V once, O once (``v`` unused: the attention cases have no vocabulary)."""
     args = make_paged_batch([q_len] * r, [ctx] * r, HQ, HKV, D, 16, dtype=BF16)
     min_bytes = 2 * (2 * r * q_len * HQ * D + 2 * r * ctx * HKV * D)
     return ({"R": r, "q_len": q_len, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D, "dtype": "bfloat16"},
             lambda: verify_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=q_len), min_bytes)
 
 
-def draft_block_case(r: int, gamma: int, ctx: int) -> tuple[dict, callable, int]:
+def draft_block_case(r: int, gamma: int, ctx: int, v: int) -> tuple[dict, callable, int]:
     """A draft block of ``gamma`` queries per request over its ``ctx`` context tokens plus the block's own K/V.
-    Minimum: Q, block K/V and O once, each request's context K/V once."""
+    Minimum: Q, block K/V and O once, each request's context K/V once (``v`` unused)."""
     args = make_block_batch([gamma] * r, [ctx] * r, HQ, HKV, D, 16, dtype=BF16)
     min_bytes = 2 * r * (2 * gamma * HQ * D + 2 * gamma * HKV * D + 2 * ctx * HKV * D)
     return ({"R": r, "gamma": gamma, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D, "dtype": "bfloat16"},
             lambda: draft_block_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=gamma), min_bytes)
 
 
-CASES = {  # name: (op, builder, scale)
-    "sequential_head vanilla gamma 15": ("sequential_head", lambda: sequential_head_case("vanilla", 8, 15), 1),
-    "sequential_head gated gamma 7": ("sequential_head", lambda: sequential_head_case("gated", 8, 7), 1),
-    "rejection_sample T=1": ("rejection_sample", lambda: rejection_case(8, 7, 0, 1.0), 1),
-    "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample", lambda: rejection_case(8, 7, 50, 0.9), 1),
-    "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda: verify_case(1, 1, 4096), 1),
-    "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda: verify_case(8, 8, 4096), 1),
-    "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda: draft_block_case(8, 7, 4096), 8),
+CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size, scale)
+    "sequential_head vanilla gamma 15": ("sequential_head", lambda v: sequential_head_case("vanilla", 8, 15, v), 1),
+    "sequential_head gated gamma 7": ("sequential_head", lambda v: sequential_head_case("gated", 8, 7, v), 1),
+    "rejection_sample T=1": ("rejection_sample", lambda v: rejection_case(8, 7, 0, 1.0, v // 8), 1),
+    "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample",
+                                                lambda v: rejection_case(8, 7, 50, 0.9, v // 8), 1),
+    "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda v: verify_case(1, 1, 4096, v), 1),
+    "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda v: verify_case(8, 8, 4096, v), 1),
+    "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda v: draft_block_case(8, 7, 4096, v),
+                                                  8),
 }
 
 
-def measure(name: str) -> dict:
+def measure(name: str, vocab: int = V) -> dict:
     op, build, scale = CASES[name]
-    shape, run, min_bytes = build()
+    shape, run, min_bytes = build(vocab)
     with count_traffic() as t:
         run()
     row = {"op": op, "case": name, "shape": shape, "bytes_moved": t.bytes_moved * scale,
@@ -112,11 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=Path("results/kernel_traffic.json"), help="where to write the rows")
     p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES), help="cases to count")
+    p.add_argument("--vocab", type=int, default=V,
+                   help="vocabulary of the sampling cases (smaller: a quicker, scaled-down count; the rows say which)")
     args = p.parse_args(argv)
+
     torch.set_num_threads(1)
     rows = []
     for name in args.cases:
-        row = measure(name)
+        row = measure(name, args.vocab)
         rows.append(row)
         print(f"{name:45s} moved {row['bytes_moved'] / 1e6:10.1f} MB  min {row['min_bytes'] / 1e6:8.1f} MB  "
               f"x{row['ratio']:6.2f}  programs {row['programs']}  chain {row['dependent_chain']}", flush=True)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Rebuild the drafters shipped for SmolLM2-135M-Instruct from scratch on a CPU machine (no network after the model's
-# fetch): chat prompt sets, the target's own answers with their features recorded, the four drafters at equal data and
-# steps, calibration, and the acceptance benchmark. Every step resumes where it stopped (run the script again).
-# Knobs: N_TRAIN (train prompts answered), STEPS (optimiser steps of every drafter), THREADS (per trainer; the four
-# trainers run side by side).
+# fetch): chat prompt sets, the target's own answers with their features recorded, the four drafters (DSpark, DFlash,
+# EAGLE-style chain, MTP-1) and the transformers assistant on the same rollouts, the token ranking of the draft
+# vocabulary, calibration, and the acceptance benchmark. Every step resumes where it stopped (run the script again).
+# Knobs: N_TRAIN (train prompts answered), STEPS (optimiser steps of DSpark, DFlash and MTP-1), EAGLE_STEPS (of the
+# EAGLE-style chain, whose unroll of 4 steps costs about 4x a step of the others, and of the assistant),
+# THREADS (per trainer; the trainers run side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_TRAIN=${N_TRAIN:-576}
 STEPS=${STEPS:-450}
+EAGLE_STEPS=${EAGLE_STEPS:-200}
 THREADS=${THREADS:-1}
 MODEL=smollm2-135m-instruct
 OUT=dspark_kernels/assets/drafters/$MODEL
@@ -33,11 +36,17 @@ run() {  # name, trainer module, args...: one trainer in the background with its
 mkdir -p data/logs
 run dspark drafter "${block[@]}" --head vanilla --rank 64
 run dflash drafter "${block[@]}" --loss dflash --rank 0
-run eagle chain_drafter --feature-layer 28 --positions 64
 run mtp1 chain_drafter --feature-layer 28 --positions 64
 wait
+common=(--target $MODEL --rollouts $RO --steps "$EAGLE_STEPS" --batch-size 8 --resume)
+run eagle chain_drafter --feature-layer 28 --positions 16
+OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.assistant --target $MODEL --rollouts $RO --steps "$EAGLE_STEPS" \
+    --batch-size 8 --positions 64 --out data/assistant_smollm2 --work-dir data/drafter_runs/$MODEL/assistant --resume \
+    > data/logs/train_assistant.log 2>&1
+wait
+python -m dspark_kernels.train.token_ranking --rollouts $RO --out $OUT/dspark $OUT/dflash $OUT/eagle $OUT/mtp1
 
 python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 150 \
     --max-new-tokens 128
-python -m dspark_kernels.bench acceptance --model $MODEL --prompts data/prompts --num-prompts 8 \
-    --max-new-tokens 128 --json results/acceptance_smollm2.json
+python -m dspark_kernels.bench acceptance --model $MODEL --prompts data/prompts --num-prompts 6 \
+    --max-new-tokens 64 --json results/acceptance_smollm2.json
