@@ -35,10 +35,12 @@ for dt in ("bf16", "fp16", "fp32"):
         build("verify_attention", "_verify_attention_kernel",
               {**{n: "*" + dt for n in ("Q", "K", "V", "Out")}, **idx, **parts, "qk_scale": "fp32"},
               {**att, "ALIGNED": aligned, "NUM_SPLITS": splits})
-    build("verify_attention", "_merge_splits_kernel", {**parts, "Out": "*" + dt},
+    build("_flash", "_merge_splits_kernel", {**parts, "Out": "*" + dt},
           dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32))
-    build("draft_block_attention", "_draft_block_attention_kernel",
-          {**{n: "*" + dt for n in ("Q", "KB", "VB", "KC", "VC", "Out")}, **idx, "qk_scale": "fp32"}, att)
+    for splits, block_m in ((1, 32), (16, 64)):
+        build("draft_block_attention", "_draft_block_attention_kernel",
+              {**{n: "*" + dt for n in ("Q", "KB", "VB", "KC", "VC", "Out")}, **idx, **parts, "qk_scale": "fp32"},
+              {**att, "NUM_SPLITS": splits, "BLOCK_M": block_m})
     build("rejection_sample", "_target_probs_kernel",
           {"logits_ptr": "*" + dt, "row_req_ptr": "*i32", "temp_ptr": "*fp32", "top_k_ptr": "*i64",
            "top_p_ptr": "*fp32", "probs_ptr": "*fp32", "argmax_ptr": "*i32"},

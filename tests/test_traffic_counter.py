@@ -44,3 +44,27 @@ def test_the_interpreter_is_restored_after_the_block():
     x, y = torch.randn(64), torch.empty(64)
     _copy_tiles[(1,)](x, y, 64, TILES=1, BLOCK=64)
     assert torch.equal(x, y)
+
+
+def test_decode_of_one_request_fills_a_wave_and_the_draft_block_reads_its_context_once():
+    """The grid and traffic goals of the attention kernels, counted: decode of one request over 4k keys launches at
+    least 132 programs (split-KV) and reads its K/V once; a draft block of gamma 7 x GQA group 4 is one query tile,
+    so the context is read once per KV head (not once per 16-row tile)."""
+    from dspark_kernels.ops import draft_block_attention, verify_attention
+    from tests.test_draft_block_attention import make_block_batch
+    from tests.test_verify_attention import make_paged_batch
+
+    args = make_paged_batch([1], [4096], 8, 8, 16, 16)
+    with count_traffic(torch_ops=False) as t:
+        verify_attention(*args, impl="triton", max_seqlen_q=1)
+    kv_bytes = 2 * 4096 * 8 * 16 * 4
+    assert t.programs[0] >= 132
+    assert kv_bytes <= t.kernel_bytes <= 1.25 * kv_bytes  # K/V once, plus the splits' partial states
+    hq, hkv, d, ctx = 8, 2, 16, 64  # one key tile of context: no split-KV, so every byte is the tile's own
+    args = make_block_batch([7, 7], [ctx, ctx], hq, hkv, d, 16)
+    with count_traffic(torch_ops=False) as t:
+        draft_block_attention(*args, impl="triton", max_seqlen_q=7)
+    context_bytes = 2 * 2 * ctx * hkv * d * 4
+    block_bytes = 4 * (2 * 2 * 7 * hq * d + 2 * 2 * 7 * hkv * d)  # q, out; block k, v
+    assert t.programs == [2 * hkv]  # one query tile per (request, KV head)
+    assert t.kernel_bytes <= 1.1 * (context_bytes + block_bytes)

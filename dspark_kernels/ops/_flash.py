@@ -1,6 +1,7 @@
 """Triton building blocks shared by the attention kernels: GQA-packed query tiles, paged K/V tiles, the online-softmax
-update, the output store."""
+update, the output store, and split-KV (the plan, the partial states, the log-sum-exp merge)."""
 
+import torch
 import triton
 import triton.language as tl
 
@@ -69,3 +70,66 @@ def store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride
     out = acc / l_i[:, None]
     tl.store(Out + (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
              out.to(Out.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def store_split_state(MS, LS, AS, m_i, l_i, acc, split, total_q, num_heads, q_start, tok, head, row_ok, d, d_ok,
+                      HEAD_DIM: tl.constexpr):
+    """Store a split's unnormalised state of a query tile: ``MS``/``LS`` ``[splits, total_q, Hq]`` (running max,
+    denominator), ``AS`` ``[splits, total_q, Hq, D]`` (accumulator), fp32."""
+    at = (split * total_q + q_start + tok).to(tl.int64) * num_heads + head
+    tl.store(MS + at, m_i, mask=row_ok)
+    tl.store(LS + at, l_i, mask=row_ok)
+    tl.store(AS + at[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(MS, LS, AS, Out, total_q, num_heads, stride_ot, stride_oh,
+                         NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    """One (token, query head) row: join the splits' partial states by their log-sum-exp (scores in the exp2
+    domain) into ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < NUM_SPLITS
+    at = (s * total_q + t) * num_heads + h
+    m = tl.load(MS + at, mask=s_ok, other=float("-inf"))
+    best = tl.max(m, 0)
+    w = tl.where(s_ok & (m > float("-inf")), tl.exp2(m - best), 0.0)
+    denom = tl.sum(w * tl.load(LS + at, mask=s_ok, other=0.0), 0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    acc = tl.load(AS + at[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / denom
+    tl.store(Out + t * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
+
+
+def kv_splits(base_programs: int, kv_bound: int, block_n: int, num_sms: int, most: int = 64) -> tuple[int, int]:
+    """Split-KV plan: ``(splits, split_len)`` so that ``base_programs`` (query tiles x KV heads x requests) times
+    ``splits`` fills about two waves of ``num_sms`` programs, each split a multiple of ``block_n`` keys of the
+    ``kv_bound`` a request may hold (at most ``most`` splits; ``(1, kv_bound)`` when one wave is already there)."""
+    want = min(most, -(-2 * num_sms // max(base_programs, 1)))
+    if base_programs >= num_sms or want <= 1 or kv_bound <= block_n:
+        return 1, kv_bound
+    split_len = -(-(-(-kv_bound // want)) // block_n) * block_n
+    return -(-kv_bound // split_len), split_len
+
+
+def split_buffers(splits: int, total_q: int, hq: int, head_dim: int, out: torch.Tensor):
+    """The partial-state buffers of a split launch (``out`` itself three times, unused, when ``splits == 1``)."""
+    if splits == 1:
+        return out, out, out
+    ms = torch.empty(splits, total_q, hq, dtype=torch.float32, device=out.device)
+    return ms, torch.empty_like(ms), torch.empty(splits, total_q, hq, head_dim, dtype=torch.float32, device=out.device)
+
+
+def merge_splits(ms: torch.Tensor, ls: torch.Tensor, acc: torch.Tensor, out: torch.Tensor, splits: int) -> None:
+    """Join a split launch's partial states into ``out [total_q, Hq, D]`` (nothing to do for one split)."""
+    if splits == 1:
+        return
+    total_q, hq, head_dim = out.shape
+    _merge_splits_kernel[(total_q, hq)](ms, ls, acc, out, total_q, hq, out.stride(0), out.stride(1),
+                                        NUM_SPLITS=splits, HEAD_DIM=head_dim,
+                                        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+                                        BLOCK_S=triton.next_power_of_2(splits), num_warps=4)

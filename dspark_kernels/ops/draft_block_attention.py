@@ -25,19 +25,29 @@ from ..autotune.store import launch_config
 from ..reference._paged_attention import AttentionPlan
 from ..reference.draft_block_attention import draft_block_attention_ref
 from ..reference.draft_block_attention import plan_draft_block_attention as _plan_ref
-from ._dispatch import resolve_impl, triton_interpreted
-from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
+from ._dispatch import num_sms, resolve_impl, triton_interpreted
+from ._flash import (
+    gqa_query_tile,
+    kv_splits,
+    merge_splits,
+    online_softmax_step,
+    paged_kv_tile,
+    split_buffers,
+    store_output_tile,
+    store_split_state,
+)
 from ._layout import unit_inner_stride
 from ._validate import check_paged_attention, check_plan_args, check_shape, check_tensor
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton", "plan_draft_block_attention"]
 
 _DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+MAX_BLOCK_M = 128  # the largest query tile the launcher grows BLOCK_M to (gamma 16 x a GQA group of 8)
 
 
 @triton.jit
 def _draft_block_attention_kernel(
-    Q, KB, VB, KC, VC, Out, PT, CU, CL,
+    Q, KB, VB, KC, VC, Out, PT, CU, CL, MS, LS, AS,
     qk_scale,
     stride_qt, stride_qh,
     stride_kbt, stride_kbh,
@@ -46,6 +56,8 @@ def _draft_block_attention_kernel(
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh,
     stride_pt,
+    total_q, num_heads, split_len,
+    NUM_SPLITS: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -58,10 +70,14 @@ def _draft_block_attention_kernel(
     """One program = one request x one KV head x BLOCK_M rows of (block slot, query head in the GQA group).
 
     First loop: the paged context (all visible). Second loop: the request's own block (all visible).
-    Both feed one online softmax in fp32.
+    Both feed one online softmax in fp32. The launcher sizes ``BLOCK_M`` to the whole block (gamma x GQA group rows),
+    so each request's context is read once per KV head. Split-KV (``NUM_SPLITS > 1``, axis 1 = kv head x splits):
+    split ``s`` folds context keys ``[s * split_len, (s + 1) * split_len)`` (split 0 also the block's own) and stores
+    its partial state for :func:`~._flash.merge_splits`.
     """
     r = tl.program_id(0)
-    kvh = tl.program_id(1)
+    kvh = tl.program_id(1) // NUM_SPLITS
+    split = tl.program_id(1) % NUM_SPLITS
     mb = tl.program_id(2)
     q_start = tl.load(CU + r).to(tl.int64)
     q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
@@ -75,14 +91,20 @@ def _draft_block_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    for start in range(0, ctx_len, BLOCK_N):
+    lo = 0
+    hi = ctx_len
+    if NUM_SPLITS > 1:
+        lo = split * split_len
+        hi = tl.minimum(ctx_len, lo + split_len)
+    for start in range(lo, hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
-        n_ok = n < ctx_len
+        n_ok = n < hi
         k, v = paged_kv_tile(KC, VC, PT, r, stride_pt, n, n_ok, kvh, d, d_ok, stride_kp, stride_ks, stride_kh,
                              stride_vp, stride_vs, stride_vh, PAGE_SIZE, DOT_F32)
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
-    for start in range(0, q_len, BLOCK_N):
+    block_keys = tl.where(split == 0, q_len, 0)  # the block's own keys: split 0's (so no split-0 row is empty)
+    for start in range(0, block_keys, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < q_len
         kv_mask = n_ok[:, None] & d_ok[None, :]
@@ -93,7 +115,11 @@ def _draft_block_attention_kernel(
             v = v.to(tl.float32)
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
-    store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
+    if NUM_SPLITS > 1:
+        store_split_state(MS, LS, AS, m_i, l_i, acc, split, total_q, num_heads, q_start, tok, head, row_ok, d, d_ok,
+                          HEAD_DIM)
+    else:
+        store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
 
 
 def draft_block_attention_triton(
@@ -108,7 +134,8 @@ def draft_block_attention_triton(
     sm_scale: float,
     max_seqlen_q: int | None = None,
 ) -> torch.Tensor:
-    """Launch the Triton kernel; same contract as :func:`draft_block_attention_ref`."""
+    """Launch the Triton kernel; same contract as :func:`draft_block_attention_ref`. Few requests get split context
+    keys (:func:`~._flash.kv_splits`, planned from the page table's width) and a merge launch."""
     total_q, hq, head_dim = q.shape
     _, page_size, hkv, _ = k_cache.shape
     group = hq // hkv
@@ -121,9 +148,15 @@ def draft_block_attention_triton(
     cfg = launch_config("draft_block_attention", _DEFAULTS, q.device)
     q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens = map(
         unit_inner_stride, (q, k_block, v_block, k_cache, v_cache, page_table, cu_seqlens_q, ctx_lens))
-    grid = (n_req, hkv, triton.cdiv(max_seqlen_q * group, cfg["BLOCK_M"]))
+    # one M tile holds a whole block (up to MAX_BLOCK_M rows): the context is then read once per (request, KV head)
+    block_m = min(MAX_BLOCK_M, max(cfg["BLOCK_M"], triton.next_power_of_2(max_seqlen_q * group)))
+    m_tiles = triton.cdiv(max_seqlen_q * group, block_m)
+    splits, split_len = kv_splits(n_req * hkv * m_tiles, page_table.shape[1] * page_size, cfg["BLOCK_N"],
+                                  num_sms(q.device))
+    ms, ls, acc = split_buffers(splits, total_q, hq, head_dim, out)
+    grid = (n_req, hkv * splits, m_tiles)
     _draft_block_attention_kernel[grid](
-        q, k_block, v_block, k_cache, v_cache, out, page_table, cu_seqlens_q, ctx_lens,
+        q, k_block, v_block, k_cache, v_cache, out, page_table, cu_seqlens_q, ctx_lens, ms, ls, acc,
         sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1),
         k_block.stride(0), k_block.stride(1),
@@ -132,18 +165,21 @@ def draft_block_attention_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         page_table.stride(0),
+        total_q, hq, split_len,
+        NUM_SPLITS=splits,
         PAGE_SIZE=page_size,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_M=block_m,
         BLOCK_N=cfg["BLOCK_N"],
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter computes bf16 tl.dot wrongly; upcast there only
         DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
-        num_warps=cfg["num_warps"],
+        num_warps=cfg["num_warps"] if block_m <= 32 else max(cfg["num_warps"], 8),
         num_stages=cfg["num_stages"],
     )
+    merge_splits(ms, ls, acc, out, splits)
     return out
 
 

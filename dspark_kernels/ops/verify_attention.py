@@ -33,7 +33,16 @@ from ..reference.batch_invariant_attention import (
 from ..reference.verify_attention import plan_verify_attention as _plan_ref
 from ..reference.verify_attention import verify_attention_ref
 from ._dispatch import num_sms, resolve_impl, triton_interpreted
-from ._flash import gqa_query_tile, online_softmax_step, paged_kv_tile, store_output_tile
+from ._flash import (
+    gqa_query_tile,
+    kv_splits,
+    merge_splits,
+    online_softmax_step,
+    paged_kv_tile,
+    split_buffers,
+    store_output_tile,
+    store_split_state,
+)
 from ._layout import unit_inner_stride
 from ._validate import check_paged_attention, check_plan_args
 
@@ -159,7 +168,7 @@ def _verify_attention_kernel(
     Split-KV (``NUM_SPLITS > 1``): axis 1 is ``kv head * NUM_SPLITS + split``; the program folds only keys
     ``[split * split_len, (split + 1) * split_len)`` and writes its unnormalised partial state (running max ``MS``,
     denominator ``LS`` ``[NUM_SPLITS, total_q, Hq]``, accumulator ``AS`` ``[NUM_SPLITS, total_q, Hq, D]``, fp32) for
-    :func:`_merge_splits_kernel`; a split past the row's last key writes max -inf and zeros.
+    :func:`~._flash.merge_splits`; a split past the row's last key writes max -inf and zeros.
     """
     mb = tl.program_id(0)  # query tiles on axis 0 (up to 2^31 - 1 of them: a long prefill has many)
     kvh = tl.program_id(1) // NUM_SPLITS
@@ -195,45 +204,10 @@ def _verify_attention_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, visible, qk_scale, PRECISION)
 
     if NUM_SPLITS > 1:
-        at = (split * total_q + q_start + tok).to(tl.int64) * num_heads + head
-        tl.store(MS + at, m_i, mask=row_ok)
-        tl.store(LS + at, l_i, mask=row_ok)
-        tl.store(AS + at[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        store_split_state(MS, LS, AS, m_i, l_i, acc, split, total_q, num_heads, q_start, tok, head, row_ok, d, d_ok,
+                          HEAD_DIM)
     else:
         store_output_tile(Out, acc, l_i, q_start, tok, head, row_ok, d, d_ok, stride_ot, stride_oh)
-
-
-@triton.jit
-def _merge_splits_kernel(MS, LS, AS, Out, total_q, num_heads, stride_ot, stride_oh,
-                         NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_S: tl.constexpr):
-    """One (token, query head) row: join the splits' partial states by their log-sum-exp (scores in the exp2
-    domain) into ``sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s``."""
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < NUM_SPLITS
-    at = (s * total_q + t) * num_heads + h
-    m = tl.load(MS + at, mask=s_ok, other=float("-inf"))
-    best = tl.max(m, 0)
-    w = tl.where(s_ok & (m > float("-inf")), tl.exp2(m - best), 0.0)
-    denom = tl.sum(w * tl.load(LS + at, mask=s_ok, other=0.0), 0)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < HEAD_DIM
-    acc = tl.load(AS + at[:, None] * HEAD_DIM + d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    out = tl.sum(acc * w[:, None], 0) / denom
-    tl.store(Out + t * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty), mask=d_ok)
-
-
-def kv_splits(base_programs: int, kv_bound: int, block_n: int, num_sms: int, most: int = 64) -> tuple[int, int]:
-    """Split-KV plan: ``(splits, split_len)`` so that ``base_programs`` (query tiles x KV heads x requests) times
-    ``splits`` fills about two waves of ``num_sms`` programs, each split a multiple of ``block_n`` keys of the
-    ``kv_bound`` a request may hold (at most ``most`` splits; ``(1, kv_bound)`` when one wave is already there)."""
-    want = min(most, -(-2 * num_sms // max(base_programs, 1)))
-    if base_programs >= num_sms or want <= 1 or kv_bound <= block_n:
-        return 1, kv_bound
-    split_len = -(-(-(-kv_bound // want)) // block_n) * block_n
-    return -(-kv_bound // split_len), split_len
 
 
 def verify_attention_triton(
@@ -290,11 +264,7 @@ def verify_attention_triton(
     if pinned is None:  # a batch-invariant launch folds every key in one program, in one order
         splits, split_len = kv_splits(q_tiles * hkv * n_req, page_table.shape[1] * page_size, cfg["BLOCK_N"],
                                       num_sms(q.device))
-    ms = ls = acc = out
-    if splits > 1:
-        ms = torch.empty(splits, total_q, hq, dtype=torch.float32, device=q.device)
-        ls = torch.empty_like(ms)
-        acc = torch.empty(splits, total_q, hq, head_dim, dtype=torch.float32, device=q.device)
+    ms, ls, acc = split_buffers(splits, total_q, hq, head_dim, out)
     grid = (q_tiles, hkv * splits, n_req)
     _verify_attention_kernel[grid](
         q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens, ms, ls, acc,
@@ -319,9 +289,5 @@ def verify_attention_triton(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if splits > 1:
-        _merge_splits_kernel[(total_q, hq)](ms, ls, acc, out, total_q, hq, out.stride(0), out.stride(1),
-                                            NUM_SPLITS=splits, HEAD_DIM=head_dim,
-                                            BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-                                            BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+    merge_splits(ms, ls, acc, out, splits)
     return out
