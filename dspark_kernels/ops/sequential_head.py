@@ -61,8 +61,11 @@ from ._validate import (
 __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "sequential_head",
            "sequential_head_triton"]
 
-_DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 4}
+_DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 8}  # no spills on sm_80 / sm_90 (perf/kernel_resources.py)
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
+# float32 products on tensor cores at about float32 accuracy (three tf32 products); the interpreter computes them in
+# float32 whatever the precision
+DOT_PRECISION = tl.constexpr("tf32x3")
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
@@ -87,6 +90,15 @@ def _square_tile(w_ptr, s_in, s_out, col0, RANK, BLOCK_R: tl.constexpr):
     ok = (i[:, None] < RANK) & (i[None, :] < RANK)
     ptrs = w_ptr + i[:, None].to(tl.int64) * s_in + (col0 + i[None, :]).to(tl.int64) * s_out
     return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_in, s_out, col0, RANK, BLOCK_R: tl.constexpr):
+    """Columns ``col0 .. col0 + r`` of the rnn pre-activation: the hidden-state term at ``pre + col0`` plus
+    ``s @ rnn_w_s + e @ rnn_w_e`` (``rnn_w``'s state rows, then its embedding rows from ``e_rows``)."""
+    x = tl.load(pre + col0, mask=on, other=0.0)
+    x += tl.dot(s, _square_tile(rnn_w_ptr, s_in, s_out, col0, RANK, BLOCK_R), input_precision=DOT_PRECISION)
+    return x + tl.dot(e, _square_tile(e_rows, s_in, s_out, col0, RANK, BLOCK_R), input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -129,22 +141,16 @@ def _slot_latent_kernel(
     elif KIND == 2:
         g = tl.load(gate_h_ptr + row[:, None] * RANK + c[None, :], mask=on, other=0.0)
         g += tl.dot(e, _square_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, BLOCK_R),
-                    input_precision="ieee")
+                    input_precision=DOT_PRECISION)
         lat = tl.sigmoid(g) * e
     else:
         s_ptrs = state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :]
         s = tl.load(s_ptrs, mask=on, other=0.0)
         pre = rnn_h_ptr + row[:, None] * (3 * RANK) + c[None, :]
         e_rows = rnn_w_ptr + RANK * s_rw_in
-        a = tl.load(pre, mask=on, other=0.0)
-        a += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, 0, RANK, BLOCK_R), input_precision="ieee")
-        a += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, 0, RANK, BLOCK_R), input_precision="ieee")
-        cc = tl.load(pre + RANK, mask=on, other=0.0)
-        cc += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R), input_precision="ieee")
-        cc += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R), input_precision="ieee")
-        o = tl.load(pre + 2 * RANK, mask=on, other=0.0)
-        o += tl.dot(s, _square_tile(rnn_w_ptr, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R), input_precision="ieee")
-        o += tl.dot(e, _square_tile(e_rows, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R), input_precision="ieee")
+        a = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 0, RANK, BLOCK_R)
+        cc = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R)
+        o = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R)
         gate = tl.sigmoid(a)
         tl.store(s_ptrs, gate * s + (1.0 - gate) * _tanh(cc), mask=on)
         lat = _tanh(o)
@@ -176,7 +182,7 @@ def _slot_vocab_kernel(
                       mask=active[:, None] & (c < RANK)[None, :], other=0.0)
         w = tl.load(w2_ptr + c[:, None].to(tl.int64) * s_w2r + cols[None, :].to(tl.int64) * s_w2v,
                     mask=(c < RANK)[:, None] & (cols < V)[None, :], other=0.0).to(tl.float32)
-        x += tl.dot(lat, w, input_precision="ieee")
+        x += tl.dot(lat, w, input_precision=DOT_PRECISION)
     t = tl.load(temp_ptr + m, mask=active, other=1.0)
     x = x / tl.where(t > 0.0, t, 1.0)[:, None]
     if STORE:
@@ -356,7 +362,7 @@ def sequential_head_triton(
                 conf_h if conf_h is not None else dummy,
                 weights.conf_w if weights.conf_w is not None else dummy, lat, conf,
                 r, hidden.shape[1], rank, k,
-                KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r, num_warps=4,
+                KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r, num_warps=8,
             )
         _slot_vocab_kernel[(n_tiles, blocks)](
             logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, r, v, rank, k, n_tiles,

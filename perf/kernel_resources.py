@@ -1,0 +1,162 @@
+"""Registers, spills and shared memory of every Triton kernel at its default launch config, for sm_80 and sm_90,
+compiled offline (no GPU): Triton's compiler to PTX, then the ``ptxas`` Triton bundles (the one it picks per
+architecture) with ``-v``.
+
+Each row of ``results/kernel_resources.json`` is ``{"kernel", "arch", "config", "regs", "spill_bytes",
+"smem_bytes"}``: ``regs`` per thread and ``spill_bytes`` (spill stores + loads) from ``ptxas -v``, ``smem_bytes`` the
+shared memory Triton allocates for the kernel (its metadata). The configs are the ops' launch defaults (what runs
+until ``autotune`` stores better for a GPU), with the bf16 activations and the realistic constexprs of an 8B-class
+target (head dim 128, GQA group 4; rank 64 for the sequential head).
+
+Must run where ``TRITON_INTERPRET`` is unset (the kernels are compiled, not interpreted)::
+
+    python perf/kernel_resources.py --json results/kernel_resources.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ARCHS = (80, 90)
+
+
+def _specs() -> list[tuple[str, str, dict, dict, dict]]:
+    """``(module, kernel, arg types, constexprs, launch options)`` of every kernel at its default config."""
+    ops = "dspark_kernels.ops."
+    va = importlib.import_module(ops + "verify_attention")._DEFAULTS
+    dba = importlib.import_module(ops + "draft_block_attention")._DEFAULTS
+    rs = importlib.import_module(ops + "rejection_sample")._DEFAULTS
+    sh = importlib.import_module(ops + "sequential_head")._DEFAULTS
+    sv = importlib.import_module(ops + "survival")._DEFAULTS
+    att = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, DOT_F32=False, PRECISION="tf32")
+    io = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "KB", "VB", "KC", "VC")},
+          **{n: "*i32" for n in ("PT", "CU", "SL", "CL")}, **{n: "*fp32" for n in ("MS", "LS", "AS")},
+          "qk_scale": "fp32"}
+
+    def launch(cfg: dict) -> dict:
+        return {k: cfg[k] for k in ("num_warps", "num_stages") if k in cfg}
+
+    def blocks(cfg: dict) -> dict:
+        return {k: v for k, v in cfg.items() if k not in ("num_warps", "num_stages")}
+
+    specs = []
+    for bucket, cfg in va.items():
+        for splits in (1, 32) if bucket == "decode" else (1,):
+            specs.append(("verify_attention", "_verify_attention_kernel", io,
+                          {**att, **blocks(cfg), "ALIGNED": False, "NUM_SPLITS": splits}, launch(cfg)))
+    specs.append(("_flash", "_merge_splits_kernel", io, dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32),
+                  {"num_warps": 4}))
+    for block_m in (dba["BLOCK_M"], 32, 64):  # the launcher grows BLOCK_M to a whole block (gamma x group)
+        specs.append(("draft_block_attention", "_draft_block_attention_kernel", io,
+                      {**att, **blocks(dba), "BLOCK_M": block_m, "NUM_SPLITS": 1},
+                      {**launch(dba), "num_warps": dba["num_warps"] if block_m <= 32 else max(dba["num_warps"], 8)}))
+    specs.append(("rejection_sample", "_target_probs_kernel",
+                  {"logits_ptr": "*bf16", "row_req_ptr": "*i32", "temp_ptr": "*fp32", "top_k_ptr": "*i64",
+                   "top_p_ptr": "*fp32", "probs_ptr": "*fp32", "argmax_ptr": "*i32"},
+                  dict(HAS_TOP_K=True, HAS_TOP_P=True, **blocks(rs)), launch(rs)))
+    specs.append(("rejection_sample", "_accept_sample_kernel",
+                  {"draft_ids_ptr": "*i64", "cu_ptr": "*i32", "draft_probs_ptr": "*fp32", "probs_ptr": "*fp32",
+                   "argmax_ptr": "*i32", "temp_ptr": "*fp32", "accept_u_ptr": "*fp32", "sample_u_ptr": "*fp32",
+                   "out_ptr": "*i64", "num_acc_ptr": "*i32", "accept_cnt_ptr": "*i64", "draft_cnt_ptr": "*i64"},
+                  dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True, RESID_EPS=1e-8,
+                       **blocks(rs)), launch(rs)))
+    head = {"logits_ptr": "*bf16", "hidden_ptr": "*bf16", "anchor_ptr": "*i64", "cu_ptr": "*i32", "w1_ptr": "*bf16",
+            "w2_ptr": "*bf16", "gate_w_ptr": "*bf16", "rnn_w_ptr": "*bf16", "conf_w_ptr": "*bf16",
+            "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "top_k_ptr": "*i64"}
+    fp32 = ("gate_h_ptr", "rnn_h_ptr", "state_ptr", "conf_h_ptr", "lat_ptr", "conf_ptr", "temp_ptr", "ws_ptr",
+            "part_ptr", "top_p_ptr", "u_ptr", "row_max_ptr", "row_z_ptr")
+    head.update({n: "*fp32" for n in fp32})
+    for kind in (1, 2, 3):
+        specs.append(("sequential_head", "_slot_latent_kernel", head,
+                      dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64), {"num_warps": 8}))
+    for kind in range(4):
+        specs.append(("sequential_head", "_slot_vocab_kernel", head,
+                      dict(KIND=kind, STORE=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64),
+                      launch(sh)))
+    specs.append(("sequential_head", "_slot_draw_kernel", head,
+                  dict(HAS_TOP_K=True, HAS_TOP_P=True, SAMPLE=True, BLOCK_T=2048, BLOCK_V=sh["BLOCK_V"]),
+                  {"num_warps": 4}))
+    specs.append(("sequential_head", "_normalise_kernel", head, dict(BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
+                  {"num_warps": 4}))
+    surv = {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32", "A_SORTED": "*fp32", "SPS": "*fp64",
+            "THETA": "*fp64", "COUNT": "*i64", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "LENS": "*i32"}
+    specs.append(("survival", "_prefix_survival_kernel", surv, dict(HAS_TEMPS=True), launch(sv["prefix"])))
+    for name in ("_theta_scan_kernel", "_first_drop_kernel", "_scatter_lengths_kernel"):
+        specs.append(("survival", name, surv, blocks(sv["scan"]), launch(sv["scan"])))
+    return specs
+
+
+def _ptxas(arch: int) -> str:
+    """The ptxas Triton itself assembles ``sm_<arch>`` with (its bundled tools)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(arch).path
+
+
+def compile_kernel(module: str, name: str, types: dict, consts: dict, options: dict, arch: int) -> dict:
+    """Compile one kernel for ``sm_<arch>``; its PTX through ``ptxas -v``: ``{"regs", "spill_bytes",
+    "smem_bytes"}``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = getattr(importlib.import_module("dspark_kernels.ops." + module), name)
+    names = kernel.arg_names
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        out = subprocess.run([_ptxas(arch), "-v", f"--gpu-name=sm_{arch}{'a' if arch == 90 else ''}", str(ptx), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True, check=True)
+    text = out.stdout + out.stderr
+    regs = re.search(r"Used (\d+) registers", text)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    return {"regs": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None,
+            "smem_bytes": int(compiled.metadata.shared)}
+
+
+def report(archs=ARCHS) -> list[dict]:
+    rows = []
+    for module, name, types, consts, options in _specs():
+        for arch in archs:
+            usage = compile_kernel(module, name, types, consts, options, arch)
+            config = {k: v for k, v in {**consts, **options}.items() if k.isupper() or k.startswith("num_")}
+            rows.append({"kernel": f"{module}.{name}", "arch": f"sm_{arch}", "config": config, **usage})
+            print(f"{module}.{name:32s} sm_{arch} regs {usage['regs']:4} spill {usage['spill_bytes']:5} "
+                  f"smem {usage['smem_bytes']:6}  {config}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path, default=None, help="write the rows here")
+    p.add_argument("--archs", type=int, nargs="+", default=list(ARCHS), help="compute capabilities (80 90)")
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        p.error("unset TRITON_INTERPRET: the kernels must be compiled, not interpreted")
+    rows = report(args.archs)
+    if args.json is not None:
+        from perf.roofline import device_info
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"benchmark": "kernel_resources", "device": device_info(), "rows": rows},
+                                        indent=1) + "\n")
+    spilled = [f"{r['kernel']} {r['arch']}" for r in rows if r["spill_bytes"]]
+    print(f"{len(rows)} compiles, {len(spilled)} with spills{': ' + ', '.join(spilled) if spilled else ''}")
+
+
+if __name__ == "__main__":
+    main()
