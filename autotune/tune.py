@@ -338,7 +338,7 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
                         dev),
         _rejection_case(grid(rs, BLOCK_V=(1024, 2048) if quick else (512, 1024, 2048, 4096), num_warps=warps),
                         dev, r=64),
-        _sequential_case(grid(sh, BLOCK_V=(512, 1024) if quick else (256, 512, 1024), BLOCK_R=(16, 32),
+        _sequential_case(grid(sh, BLOCK_V=(64, 128) if quick else (64, 128, 256), BLOCK_M=(16, 32),
                               num_warps=(4, 8)), dev, r=16 if quick else 64),
         _survival_case(grid(sv["prefix"], num_warps=(1, 2, 4)), dev, "prefix"),
         _survival_case(grid(sv["scan"], BLOCK=(1024,) if quick else (512, 1024, 2048), num_warps=warps), dev,

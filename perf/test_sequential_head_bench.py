@@ -1,18 +1,14 @@
-"""sequential_head speed: the reference on CPU at a small shape, the Triton kernel on CUDA at serving shapes.
+"""sequential_head speed: the reference on CPU at a small shape, the Triton kernels on CUDA at serving shapes.
 
-Stochastic requests (T = 1, no top-k/top-p), every request with ``gamma`` slots. One program per request walks its
-slots, so each slot re-reads ``w2`` (no reuse across requests or slots in this design).
-Bytes per slot (an estimate of the Triton path, weights at ``w_elem`` bytes, logits at ``elem``):
-    w2 read                                  r * V * w_elem
-    base logits read                         V * elem
-    float32 draft row: scaled write, e read+write, p read+write, 2 draw reads   V * 4 * 7
-    w1 row, hidden, gate/rnn weights         r * w_elem + d * elem_h + (gate: (d + r) r, rnn: (2r + d) 3r) * w_elem
-FLOPs per slot: 2 r V (bias GEMV) + ~8 V (scale, max, exp, sums, divide) + ~4 V (draw) + gate 2 (d + r) r
-or rnn 2 (2r + d) 3r + 2 (d + r) (confidence).
-These are the bytes the kernel's passes request, not the op's minimum traffic: at many requests the programs share
-``w2`` through the L2 cache, so the achieved "GB/s" (and % of peak bandwidth) can exceed what DRAM delivers; read it
-as the kernel's load throughput (at R = 256, gamma 7 the records count 147.6 GB a call against about 1.7 GB that
-must cross DRAM: ``w2`` once, the logits and the draft rows).
+Stochastic requests (T = 1, no top-k/top-p), every request with ``gamma`` slots. Each slot is vocab-parallel over
+all requests (see ``dspark_kernels/ops/sequential_head.py``): ``w2`` is read once a slot per block of 16 requests.
+Bytes per slot (the Triton path's traffic, weights at ``w_elem`` bytes, logits at ``elem``; R requests):
+    w2 read                                  r * V * w_elem * ceil(R / 16)
+    per request: base logits read, scaled row written (4 B), normalised (read + write, 8 B)   V * (elem + 12)
+    w1 row, gate/rnn products, per-tile statistics                                           small
+FLOPs per slot: 2 r V R (bias GEMM) + ~12 V R (scale, max, exp, sums, divide) + the latent's small products.
+The minimum traffic is ``w2`` once a slot and every row's logits read and draft probabilities written once
+(``perf/kernel_traffic.py`` counts both at an 8B-class shape).
 """
 
 import pytest
@@ -53,12 +49,13 @@ def _batch(kind: str, r: int, gamma: int, v: int, rank: int, d: int, device: tor
     )
 
 
-def _cost(kind: str, slots: int, v: int, rank: int, d: int, elem: int) -> tuple[float, float]:
-    """Bytes and FLOPs of ``slots`` slots (all weights and activations at ``elem`` bytes)."""
+def _cost(kind: str, r: int, gamma: int, v: int, rank: int, d: int, elem: int) -> tuple[float, float]:
+    """Bytes and FLOPs of ``r`` requests of ``gamma`` slots (all weights and activations at ``elem`` bytes)."""
+    slots, gamma_blocks = r * gamma, gamma * -(-r // 16)
     head_params = {"vanilla": 0, "gated": (d + rank) * rank, "rnn": (2 * rank + d) * 3 * rank}[kind]
-    per_slot_bytes = rank * v * elem + v * elem + v * 4 * 7 + (rank + d + head_params + d + rank) * elem
-    per_slot_flops = 2 * rank * v + 12 * v + 2 * head_params + 2 * (d + rank)
-    return float(slots * per_slot_bytes), float(slots * per_slot_flops)
+    per_row_bytes = v * (elem + 12) + (rank + d + d + rank) * elem
+    per_row_flops = 2 * rank * v + 12 * v + 2 * head_params + 2 * (d + rank)
+    return float(slots * per_row_bytes + rank * v * elem * gamma_blocks), float(slots * per_row_flops)
 
 
 def _run(benchmark, device: torch.device, kind: str, r: int, gamma: int, v: int, rank: int, d: int, impl: str,
@@ -71,7 +68,7 @@ def _run(benchmark, device: torch.device, kind: str, r: int, gamma: int, v: int,
 
     step()
     benchmark(step)
-    bytes_moved, flops = _cost(kind, r * gamma, v, rank, d, batch["base_logits"].element_size())
+    bytes_moved, flops = _cost(kind, r, gamma, v, rank, d, batch["base_logits"].element_size())
     record(
         benchmark,
         shapes={"kind": kind, "R": r, "gamma": gamma, "V": v, "r": rank, "d": d, "dtype": str(dtype).split(".")[-1]},
