@@ -19,10 +19,10 @@ def test_peers_tiny_run(tmp_path, draft_length):
     args = argparse.Namespace(model=ASSETS / "target", assistant=ASSETS / "assistant", drafter_dir=ASSETS / "drafters",
                               drafters=["dspark"], domains=["code"], max_new_tokens=6, gamma=4,
                               draft_length=draft_length, prompt_lookup_tokens=3, impl=None, gemm_dtype="float32",
-                              drafter_gemm_dtype="bfloat16", repeats=2, json=out)
+                              drafter_gemm_dtype="bfloat16", repeats=2, draft_vocab=None, json=out)
     peers.main(args)
     result = json.loads(out.read_text())
-    assert result["settings"]["draft_length"] == draft_length
+    assert result["settings"]["draft_length"] == draft_length and result["settings"]["draft_vocab"] is None
     assert result["settings"]["gemm_dtype"] == "float32" and result["settings"]["drafter_gemm_dtype"] == "bfloat16"
     assert set(result["settings"]["round_costs"]) == ({"dspark"} if draft_length == "adaptive" else set())
     runs = {r["method"]: r for r in result["runs"]}
