@@ -6,8 +6,7 @@ case to ``results/kernel_traffic.json``: ``{"op", "shape", "bytes_moved", "min_b
 must read once, every output once); ``bytes_moved / min_bytes`` is how far the kernel's structure sits from that.
 
 The shapes are an 8B-class target's (32 query heads, 8 KV heads, head dim 128, bf16 logits and K/V, vocabulary
-151,936) at batch 8 unless a case says otherwise. The draft-block case runs 8 of its 64 requests and scales the
-counts by 8 (every request is the same work; ``scale`` in the row): the interpreter walks every program in Python.
+151,936) at batch 8 unless a case says otherwise.
 ``--vocab`` sets the sampling cases' vocabulary. The rejection-sampling cases run at 1/8 of it (18,992: their
 bisections make ~60 passes over each row, which the interpreter walks tile by tile in Python); the rows say so in
 ``shape.V``, and ``min_bytes`` is for the vocabulary counted.
@@ -87,28 +86,25 @@ def draft_block_case(r: int, gamma: int, ctx: int, v: int) -> tuple[dict, callab
             lambda: draft_block_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=gamma), min_bytes)
 
 
-CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size, scale)
-    "sequential_head vanilla gamma 15": ("sequential_head", lambda v: sequential_head_case("vanilla", 8, 15, v), 1),
-    "sequential_head gated gamma 7": ("sequential_head", lambda v: sequential_head_case("gated", 8, 7, v), 1),
-    "rejection_sample T=1": ("rejection_sample", lambda v: rejection_case(8, 7, 0, 1.0, v // 8), 1),
-    "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample",
-                                                lambda v: rejection_case(8, 7, 50, 0.9, v // 8), 1),
-    "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda v: verify_case(1, 1, 4096, v), 1),
-    "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda v: verify_case(8, 8, 4096, v), 1),
-    "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda v: draft_block_case(8, 7, 4096, v),
-                                                  8),
+CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size)
+    "sequential_head vanilla gamma 15": ("sequential_head", lambda v: sequential_head_case("vanilla", 8, 15, v)),
+    "sequential_head gated gamma 7": ("sequential_head", lambda v: sequential_head_case("gated", 8, 7, v)),
+    "rejection_sample T=1": ("rejection_sample", lambda v: rejection_case(8, 7, 0, 1.0, v // 8)),
+    "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample", lambda v: rejection_case(8, 7, 50, 0.9, v // 8)),
+    "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda v: verify_case(1, 1, 4096, v)),
+    "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda v: verify_case(8, 8, 4096, v)),
+    "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda v: draft_block_case(64, 7, 4096, v)),
 }
 
 
 def measure(name: str, vocab: int = V) -> dict:
-    op, build, scale = CASES[name]
+    op, build = CASES[name]
     shape, run, min_bytes = build(vocab)
     with count_traffic() as t:
         run()
-    row = {"op": op, "case": name, "shape": shape, "bytes_moved": t.bytes_moved * scale,
-           "min_bytes": min_bytes * scale, "programs": [p * scale for p in t.programs],
-           "dependent_chain": t.dependent_chain, "kernel_bytes": t.kernel_bytes * scale,
-           "torch_bytes": t.torch_bytes * scale, "launches": len(t.launches), "scale": scale}
+    row = {"op": op, "case": name, "shape": shape, "bytes_moved": t.bytes_moved, "min_bytes": min_bytes,
+           "programs": t.programs, "dependent_chain": t.dependent_chain, "kernel_bytes": t.kernel_bytes,
+           "torch_bytes": t.torch_bytes, "launches": len(t.launches)}
     row["ratio"] = row["bytes_moved"] / row["min_bytes"]
     return row
 
@@ -118,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", type=Path, default=Path("results/kernel_traffic.json"), help="where to write the rows")
     p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES), help="cases to count")
     p.add_argument("--vocab", type=int, default=V,
-                   help="vocabulary of the sampling cases (smaller: a quicker, scaled-down count; the rows say which)")
+                   help="vocabulary of the sampling cases (the rejection cases run at 1/8 of it; rows record theirs)")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
