@@ -51,6 +51,7 @@ def test_decode_of_one_request_fills_a_wave_and_the_draft_block_reads_its_contex
     least 132 programs (split-KV) and reads its K/V once; a draft block of gamma 7 x GQA group 4 is one query tile,
     so the context is read once per KV head (not once per 16-row tile)."""
     from dspark_kernels.ops import draft_block_attention, verify_attention
+    from dspark_kernels.ops.draft_block_attention import _DEFAULTS as DRAFT_DEFAULTS
     from tests.test_draft_block_attention import make_block_batch
     from tests.test_verify_attention import make_paged_batch
 
@@ -60,7 +61,7 @@ def test_decode_of_one_request_fills_a_wave_and_the_draft_block_reads_its_contex
     kv_bytes = 2 * 4096 * 8 * 16 * 4
     assert t.programs[0] >= 132
     assert kv_bytes <= t.kernel_bytes <= 1.25 * kv_bytes  # K/V once, plus the splits' partial states
-    hq, hkv, d, ctx = 8, 2, 16, 64  # one key tile of context: no split-KV, so every byte is the tile's own
+    hq, hkv, d, ctx = 8, 2, 16, DRAFT_DEFAULTS["BLOCK_N"]  # one key tile of context: no split-KV
     args = make_block_batch([7, 7], [ctx, ctx], hq, hkv, d, 16)
     with count_traffic(torch_ops=False) as t:
         draft_block_attention(*args, impl="triton", max_seqlen_q=7)
