@@ -33,7 +33,7 @@ __all__ = ["Traffic", "count_traffic"]
 @dataclass
 class Launch:
     programs: int
-    loads: list[int] = field(default_factory=list)  # per program (in grid order): memory instructions issued
+    instructions: list[int] = field(default_factory=list)  # per program (in grid order): loads + stores issued
     bytes: int = 0
 
 
@@ -58,12 +58,12 @@ class Traffic:
 
     @property
     def dependent_chain(self) -> int:
-        return sum(max(launch.loads, default=0) for launch in self.launches)
+        return sum(max(launch.instructions, default=0) for launch in self.launches)
 
 
 _VIEW_OPS = {"view", "_unsafe_view", "as_strided", "expand", "t", "transpose", "permute", "reshape", "squeeze",
              "unsqueeze", "select", "slice", "detach", "alias", "unbind", "split", "split_with_sizes", "chunk",
-             "narrow", "lift_fresh", "_to_copy_meta", "empty", "empty_like", "empty_strided", "sym_size",
+             "narrow", "lift_fresh", "empty", "empty_like", "empty_strided", "sym_size",
              "sym_stride", "sym_numel", "is_contiguous", "numel", "size", "stride", "dim", "_local_scalar_dense"}
 
 
@@ -104,7 +104,7 @@ def count_traffic(torch_ops: bool = True):
             state["in_kernel"] = False
 
     def set_grid_dim(self, x, y, z):
-        traffic.launches.append(Launch(programs=x * y * z, loads=[0] * (x * y * z)))
+        traffic.launches.append(Launch(programs=x * y * z, instructions=[0] * (x * y * z)))
         state["program"] = -1
         return saved["set_grid_dim"](self, x, y, z)
 
@@ -114,7 +114,7 @@ def count_traffic(torch_ops: bool = True):
 
     def record(ptrs, mask):
         launch = traffic.launches[-1]
-        launch.loads[state["program"]] += 1
+        launch.instructions[state["program"]] += 1
         itemsize = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
         launch.bytes += int(np.count_nonzero(mask.data)) * itemsize
 

@@ -331,6 +331,9 @@ def sequential_head_triton(
     conf_h, gate_h, rnn_h = _hidden_terms(weights, hidden, rank)
     dummy = torch.zeros(1, dtype=torch.float32, device=dev)
 
+    def opt(t: torch.Tensor | None) -> torch.Tensor:  # an unused pointer argument is a dummy
+        return t if t is not None else dummy
+
     def mat(t: torch.Tensor | None) -> tuple[torch.Tensor, int, int]:
         return (t, t.stride(0), t.stride(1)) if t is not None else (dummy, 0, 0)
 
@@ -357,10 +360,8 @@ def sequential_head_triton(
     for k in range(max_len):
         if kind:
             _slot_latent_kernel[(blocks,)](
-                anchors, cu, tokens, w1, s_w1, gate_h if gate_h is not None else dummy, gate_w, s_gw_in, s_gw_out,
-                rnn_h if rnn_h is not None else dummy, rnn_w, s_rw_in, s_rw_out, state,
-                conf_h if conf_h is not None else dummy,
-                weights.conf_w if weights.conf_w is not None else dummy, lat, conf,
+                anchors, cu, tokens, w1, s_w1, opt(gate_h), gate_w, s_gw_in, s_gw_out, opt(rnn_h), rnn_w, s_rw_in,
+                s_rw_out, state, opt(conf_h), opt(weights.conf_w), lat, conf,
                 r, hidden.shape[1], rank, k,
                 KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r, num_warps=8,
             )
@@ -369,8 +370,8 @@ def sequential_head_triton(
             KIND=kind, STORE=sample, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_R=block_r, num_warps=cfg["num_warps"],
         )
         _slot_draw_kernel[(r,)](
-            cu, temp, top_k if top_k is not None else dummy, top_p if top_p is not None else dummy,
-            uniforms if sample else dummy, part, part_arg, probs, tokens, row_max, row_z, r, v, k, n_tiles,
+            cu, temp, opt(top_k), opt(top_p), opt(uniforms), part, part_arg, probs, tokens, row_max, row_z, r, v, k,
+            n_tiles,
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, SAMPLE=sample,
             BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
         )
