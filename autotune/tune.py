@@ -336,8 +336,9 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
                         grid(dba, BLOCK_M=(16, 32, 64), BLOCK_N=(64,) if quick else (64, 128), num_warps=warps,
                              num_stages=(2,)),
                         dev),
-        _rejection_case(grid(rs, BLOCK_V=(1024, 2048) if quick else (512, 1024, 2048, 4096), num_warps=warps),
-                        dev, r=64),
+        _rejection_case([c for c in grid(rs, BLOCK_V=(1024, 2048) if quick else (512, 1024, 2048, 4096),
+                                         CHUNK_V=(8192,) if quick else (4096, 8192, 16384), num_warps=warps)
+                         if c["CHUNK_V"] % c["BLOCK_V"] == 0], dev, r=64),
         _sequential_case(grid(sh, BLOCK_V=(64, 128) if quick else (64, 128, 256), BLOCK_M=(16, 32),
                               num_warps=(4, 8)), dev, r=16 if quick else 64),
         _survival_case(grid(sv["prefix"], num_warps=(1, 2, 4)), dev, "prefix"),

@@ -28,6 +28,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ARCHS = (80, 90)
+# pointer argument types of the rejection-sampling kernels (the logits are bf16)
+RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_z_ptr", "need_ptr", "above_ptr",
+           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr")
+RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
+          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr")
+RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr")
 
 
 def _specs() -> list[tuple[str, str, dict, dict, dict]]:
@@ -56,20 +62,25 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
                           {**att, **blocks(cfg), "ALIGNED": False, "NUM_SPLITS": splits}, launch(cfg)))
     specs.append(("_flash", "_merge_splits_kernel", io, dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32),
                   {"num_warps": 4}))
-    for block_m in (dba["BLOCK_M"], 32, 64):  # the launcher grows BLOCK_M to a whole block (gamma x group)
+    for block_m in (dba["BLOCK_M"], 32, 64, 128):  # the launcher grows BLOCK_M to a whole block (gamma x group)
         specs.append(("draft_block_attention", "_draft_block_attention_kernel", io,
-                      {**att, **blocks(dba), "BLOCK_M": block_m, "NUM_SPLITS": 1},
-                      {**launch(dba), "num_warps": dba["num_warps"] if block_m <= 32 else max(dba["num_warps"], 8)}))
-    specs.append(("rejection_sample", "_target_probs_kernel",
-                  {"logits_ptr": "*bf16", "row_req_ptr": "*i32", "temp_ptr": "*fp32", "top_k_ptr": "*i64",
-                   "top_p_ptr": "*fp32", "probs_ptr": "*fp32", "argmax_ptr": "*i32"},
-                  dict(HAS_TOP_K=True, HAS_TOP_P=True, **blocks(rs)), launch(rs)))
-    specs.append(("rejection_sample", "_accept_sample_kernel",
-                  {"draft_ids_ptr": "*i64", "cu_ptr": "*i32", "draft_probs_ptr": "*fp32", "probs_ptr": "*fp32",
-                   "argmax_ptr": "*i32", "temp_ptr": "*fp32", "accept_u_ptr": "*fp32", "sample_u_ptr": "*fp32",
-                   "out_ptr": "*i64", "num_acc_ptr": "*i32", "accept_cnt_ptr": "*i64", "draft_cnt_ptr": "*i64"},
-                  dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True, RESID_EPS=1e-8,
-                       **blocks(rs)), launch(rs)))
+                      {**att, **blocks(dba), "BLOCK_M": block_m, "NUM_SPLITS": 1,
+                       "BLOCK_N": dba["BLOCK_N"] if block_m < 64 else min(dba["BLOCK_N"], 16)},
+                      {**launch(dba), "num_warps": dba["num_warps"] if block_m <= 16 else max(dba["num_warps"], 8)}))
+    rs_types = {"logits_ptr": "*bf16", **{n: "*fp32" for n in RS_FP32}, **{n: "*i64" for n in RS_I64},
+                **{n: "*i32" for n in RS_I32}}
+    chunks = blocks(rs) | {"CHUNKS_P2": 32}  # V = 151,936 in 19 chunks of 8192
+    specs.append(("rejection_sample", "_chunk_stats_kernel", rs_types, blocks(rs), launch(rs)))
+    specs.append(("rejection_sample", "_row_merge_kernel", rs_types, {"CHUNKS_P2": 32}, {"num_warps": 1}))
+    for top_p in (False, True):
+        specs.append(("rejection_sample", "_cut_level_kernel", rs_types,
+                      dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, **chunks), launch(rs)))
+    specs.append(("rejection_sample", "_accept_kernel", rs_types,
+                  dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True), {"num_warps": 1}))
+    specs.append(("rejection_sample", "_last_chunk_sums_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, **blocks(rs)),
+                  launch(rs)))
+    specs.append(("rejection_sample", "_draw_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, RESID_EPS=1e-8, **chunks),
+                  launch(rs)))
     head = {"logits_ptr": "*bf16", "hidden_ptr": "*bf16", "anchor_ptr": "*i64", "cu_ptr": "*i32", "w1_ptr": "*bf16",
             "w2_ptr": "*bf16", "gate_w_ptr": "*bf16", "rnn_w_ptr": "*bf16", "conf_w_ptr": "*bf16",
             "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "top_k_ptr": "*i64"}
@@ -78,7 +89,7 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     head.update({n: "*fp32" for n in fp32})
     for kind in (1, 2, 3):
         specs.append(("sequential_head", "_slot_latent_kernel", head,
-                      dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64), {"num_warps": 8}))
+                      dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64, BLOCK_C=32), {"num_warps": 8}))
     for kind in range(4):
         specs.append(("sequential_head", "_slot_vocab_kernel", head,
                       dict(KIND=kind, STORE=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64),

@@ -113,6 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path, default=Path("results/kernel_traffic.json"), help="where to write the rows")
     p.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES), help="cases to count")
+    p.add_argument("--update", action="store_true",
+                   help="replace only these cases' rows in an existing --json file, keeping the others")
     p.add_argument("--vocab", type=int, default=V,
                    help="vocabulary of the sampling cases (the rejection cases run at 1/8 of it; rows record theirs)")
     args = p.parse_args(argv)
@@ -124,6 +126,10 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(f"{name:45s} moved {row['bytes_moved'] / 1e6:10.1f} MB  min {row['min_bytes'] / 1e6:8.1f} MB  "
               f"x{row['ratio']:6.2f}  programs {row['programs']}  chain {row['dependent_chain']}", flush=True)
+    if args.update and args.json.is_file():
+        kept = [row for row in json.loads(args.json.read_text())["rows"] if row["case"] not in args.cases]
+        order = list(CASES)
+        rows = sorted(kept + rows, key=lambda row: order.index(row["case"]) if row["case"] in order else len(order))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"benchmark": "kernel_traffic", "device": device_info(), "rows": rows},
                                     indent=1) + "\n")

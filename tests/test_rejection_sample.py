@@ -208,27 +208,38 @@ def test_parity_top_k_ties_kept():
     assert bool((last < 5).all())  # the top-5 tie survives top-k 2/3 and top-p 0.6 whole
 
 
-def test_kernel_target_probs_match_reference_filters():
-    """The Triton workspace probabilities (kernel 1) against the reference filters, row by row."""
-    from dspark_kernels.ops.rejection_sample import _target_probs_kernel
+def _ordered_key(x: torch.Tensor) -> torch.Tensor:
+    """The kernels' ordered int64 key of float32 values (``_radix_select.ordered_key``), in torch."""
+    b = x.view(torch.int32)
+    signed = torch.where(b < 0, b ^ 0x7FFFFFFF, b).masked_fill(x == 0, 0)
+    return signed.long() + 2**31
+
+
+@pytest.mark.parametrize("block_v, chunk_v", [(16, 16), (16, 32), (8, 64)])
+def test_kernel_row_stats_match_reference_filters(block_v, chunk_v):
+    """The row passes' statistics and radix-selected cuts give the reference's filtered probabilities, row by row
+    (vocab 40 over 1, 2 and 3 chunks, so the chunk merges and the cross-chunk histograms are exercised)."""
+    from dspark_kernels.ops.rejection_sample import target_row_stats
     from dspark_kernels.reference.rejection_sample import target_probs_ref
 
     rows, v = 12, 40
     logits = torch.randn(rows, v) * 2
     logits[3, :6] = 4.0  # ties at the top-k boundary
+    logits[5, 20:26] = -1.5  # ties at the top-p boundary
     temp = torch.tensor([1.0, 0.5, 2.0] * 4)
     top_k = torch.tensor([0, 1, 3, 5, 6, 39, 40, 2, 0, 7, 0, 10])
     top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 0.3, 0.99, 0.1, 1.0, 0.6, 0.8, 1e-6, 0.95])
-    probs = torch.empty(rows, v)
-    argmax = torch.empty(rows, dtype=torch.int32)
-    _target_probs_kernel[(rows,)](
-        logits, torch.arange(rows, dtype=torch.int32), temp, top_k, top_p, probs, argmax, v,
-        HAS_TOP_K=True, HAS_TOP_P=True, BLOCK_V=16,
-    )
+    stats = target_row_stats(logits, torch.arange(rows, dtype=torch.int32), temp, top_k, top_p,
+                             {"BLOCK_V": block_v, "CHUNK_V": chunk_v, "num_warps": 4})
+    scaled = logits / temp[:, None]
+    e = torch.exp(scaled - stats.row_max[:, None])
+    kept = (_ordered_key(scaled) >= stats.keep_key[:, None]) & (e.view(torch.int32).long() >= stats.keep_bits[:, None])
+    probs = torch.where(kept, e / stats.row_z[:, None], 0.0)
     expected = target_probs_ref(logits, temp, top_k, top_p)
     assert torch.equal(probs > 0, expected > 0)
     torch.testing.assert_close(probs, expected, rtol=1e-5, atol=1e-7)
-    assert torch.equal(argmax.long(), logits.argmax(dim=1))
+    assert torch.equal(stats.row_arg.long(), logits.argmax(dim=1))
+    assert torch.equal(stats.row_max, scaled.amax(dim=1))
     for i in range(rows):
         model = filtered_target(logits[i].numpy(), float(temp[i]), int(top_k[i]), float(top_p[i]))
         assert np.array_equal(model > 0, expected[i].numpy() > 0), i

@@ -3,8 +3,8 @@
 The semantics (documented in :mod:`dspark_kernels.ops.rejection_sample`, reference in
 :mod:`dspark_kernels.reference._sampling`):
 
-* a row is first turned into ``scaled = logits.float() / T`` in a float32 workspace row ``[V]`` while
-  :func:`row_stats_step` tracks its max, its lowest-index argmax and its min tile by tile;
+* a row is first turned into ``scaled = logits.float() / T`` in a float32 workspace row ``[V]`` (with its max and
+  min), as the sequential head does for filtered rows;
 * :func:`filter_row` then rewrites that workspace row in place into the filtered probabilities (top-k by bisection
   over sortable float keys, softmax, top-p by bisection over float bit patterns, renormalisation);
 * :func:`cdf_scan_step` is one vocab tile of the inverse-CDF draw (smallest ``i`` with ``w[i] > 0`` and
@@ -77,18 +77,6 @@ def _top_p_bits(row_ptr, V, need, BLOCK_V: tl.constexpr):
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
-
-
-@triton.jit
-def row_stats_step(x, start, valid, best, best_idx, least):
-    """Fold one vocab tile ``x [BLOCK_V]`` (columns ``start + arange``, ``valid`` in range) into the running row max
-    ``best``, its lowest index ``best_idx`` (int32; a later tile wins only if strictly larger) and the min ``least``."""
-    xm = tl.where(valid, x, float("-inf"))
-    tile_max = tl.max(xm, 0)
-    best_idx = tl.where(tile_max > best, start + tl.argmax(xm, 0), best_idx)
-    best = tl.maximum(best, tile_max)
-    least = tl.minimum(least, tl.min(tl.where(valid, x, float("inf")), 0))
-    return best, best_idx, least
 
 
 @triton.jit

@@ -41,6 +41,8 @@ Uniforms may be None only when every request is greedy. :func:`rejection_noise` 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -49,7 +51,8 @@ from ..autotune.store import launch_config
 from ..noise import uniform_noise
 from ..reference.rejection_sample import RESIDUAL_EPS, RejectionResult, _ragged_maps, rejection_sample_ref
 from ._dispatch import resolve_impl
-from ._sampling import cdf_scan_step, filter_row, row_stats_step
+from ._radix_select import LEVELS, bits_key, chunk_histogram, ordered_key, select_digit
+from ._sampling import cdf_scan_step
 from ._validate import (
     FLOAT_DTYPES,
     check_draft_offsets,
@@ -63,110 +66,190 @@ from ._validate import (
 
 __all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton"]
 
-_DEFAULTS = {"BLOCK_V": 1024, "num_warps": 4}
+# CHUNK_V: vocab columns per program of the row passes (a multiple of BLOCK_V, the tile each loop step loads)
+_DEFAULTS = {"BLOCK_V": 1024, "CHUNK_V": 8192, "num_warps": 8}  # 8 warps: no spill on sm_80 / sm_90
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _target_probs_kernel(
-    logits_ptr,
-    row_req_ptr,
-    temp_ptr,
-    top_k_ptr,
-    top_p_ptr,
-    probs_ptr,
-    argmax_ptr,
-    V,
-    HAS_TOP_K: tl.constexpr,
-    HAS_TOP_P: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """One program per target row: argmax of the logits, and (stochastic rows only) the filtered probabilities.
-
-    The float32 workspace row ``probs[row]`` holds, in turn, the scaled logits, ``e = exp(scaled - max)`` on the
-    top-k set, and the final probabilities. Greedy rows only get their argmax.
-    """
-    row = tl.program_id(0).to(tl.int64)
+def _row_params(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row, V,
+                HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr):
+    """Target row ``row``'s request, its temperature ``t``, the divisor ``t`` or 1 (greedy rows), and whether its
+    top-k and its top-p drop tokens (never for a greedy row)."""
     req = tl.load(row_req_ptr + row)
     t = tl.load(temp_ptr + req)
-    t_eff = tl.where(t > 0.0, t, 1.0)
-    in_row = logits_ptr + row * V
-    ws_row = probs_ptr + row * V
-    offs = tl.arange(0, BLOCK_V)
+    k_on = t < 0.0  # False, as a tensor
+    p_on = t < 0.0
+    if HAS_TOP_K:
+        k = tl.load(top_k_ptr + req)
+        k_on = (t > 0.0) & (k > 0) & (k < V)
+    if HAS_TOP_P:
+        p_on = (t > 0.0) & (tl.load(top_p_ptr + req) < 1.0)
+    return req, t, tl.where(t > 0.0, t, 1.0), k_on, p_on
 
+
+@triton.jit
+def _target_prob(scaled, m, z, keep_key, keep_bits):
+    """``p_t`` of a row's entries from their scaled logits, with the row's max ``m``, its kept mass ``z`` and its
+    top-k / top-p cuts (keys, 0 = keep all)."""
+    e = tl.exp(scaled - m)
+    kept = (ordered_key(scaled) >= keep_key) & (bits_key(e) >= keep_bits)
+    return tl.where(kept, e / z, 0.0)
+
+
+@triton.jit
+def _chunk_stats_kernel(logits_ptr, row_req_ptr, temp_ptr, cmax_ptr, csum_ptr, carg_ptr, V, n_chunks,
+                        CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Program (row, chunk): the one read of the target logits. Writes the chunk's max of ``scaled``, its lowest
+    argmax and (stochastic rows) ``sum(exp(scaled - chunk max))``, online over the chunk's tiles."""
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    t = tl.load(temp_ptr + tl.load(row_req_ptr + row))
+    t_eff = tl.where(t > 0.0, t, 1.0)
+    offs = tl.arange(0, BLOCK_V)
     best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.zeros((), dtype=tl.int32)
-    least = tl.full((), float("inf"), tl.float32)
-    for start in range(0, V, BLOCK_V):
+    total = tl.zeros((), dtype=tl.float32)
+    for start in range(chunk * CHUNK_V, tl.minimum(chunk * CHUNK_V + CHUNK_V, V), BLOCK_V):
         idx = start + offs
         valid = idx < V
-        x = tl.load(in_row + idx, mask=valid, other=0.0).to(tl.float32) / t_eff
-        tl.store(ws_row + idx, x, mask=valid)
-        best, best_idx, least = row_stats_step(x, start, valid, best, best_idx, least)
-    tl.store(argmax_ptr + row, best_idx)
-
-    if t > 0.0:
-        tl.debug_barrier()  # the row's stores above are read back by other threads' loads in filter_row
-        filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
+        x = tl.where(valid, tl.load(logits_ptr + row * V + idx, mask=valid, other=0.0).to(tl.float32) / t_eff,
+                     float("-inf"))
+        tile_max = tl.max(x, 0)
+        best_idx = tl.where(tile_max > best, start + tl.argmax(x, 0), best_idx)
+        new_best = tl.maximum(best, tile_max)
+        if t > 0.0:
+            total = total * tl.exp(best - new_best) + tl.sum(tl.exp(x - new_best), 0)
+        best = new_best
+    at = row * n_chunks + chunk
+    tl.store(cmax_ptr + at, best)
+    tl.store(csum_ptr + at, total)
+    tl.store(carg_ptr + at, best_idx)
 
 
 @triton.jit
-def _final_weights(p_row, d_row, idx, valid, x_rej, use_resid, HAS_DRAFT_PROBS: tl.constexpr):
-    """One vocab tile of the last token's weights: ``max(0, p_t - p_d)`` if ``use_resid`` else ``p_t``."""
-    pt = tl.load(p_row + idx, mask=valid, other=0.0)
-    resid_on = tl.where(use_resid, valid, False)  # not `valid & use_resid`: the interpreter mistypes that mask
-    if HAS_DRAFT_PROBS:
-        pd = tl.load(d_row + idx, mask=resid_on, other=0.0)
+def _row_merge_kernel(row_req_ptr, temp_ptr, cmax_ptr, csum_ptr, carg_ptr, row_max_ptr, row_z_ptr, row_arg_ptr,
+                      n_chunks, CHUNKS_P2: tl.constexpr):
+    """Program per row: merge the chunk statistics into the row's max, lowest argmax and mass
+    ``z = sum(exp(scaled - max))`` (stochastic rows; a filtered row's kept mass is set by its cuts' selects)."""
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, CHUNKS_P2)
+    on = c < n_chunks
+    cmax = tl.load(cmax_ptr + row * n_chunks + c, mask=on, other=float("-inf"))
+    m = tl.max(cmax, 0)
+    first = tl.min(tl.where(on & (cmax == m), c, CHUNKS_P2), 0)
+    tl.store(row_arg_ptr + row, tl.load(carg_ptr + row * n_chunks + first))
+    tl.store(row_max_ptr + row, m)
+    if tl.load(temp_ptr + tl.load(row_req_ptr + row)) > 0.0:
+        csum = tl.load(csum_ptr + row * n_chunks + c, mask=on, other=0.0)
+        tl.store(row_z_ptr + row, tl.sum(tl.where(on, csum * tl.exp(cmax - m), 0.0), 0))
+
+
+@triton.jit
+def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_max_ptr, row_z_ptr,
+                      keep_key_ptr, keep_bits_ptr, need_ptr, prefix_ptr, above_ptr, hist_in_ptr, hist_out_ptr,
+                      rows, V, n_chunks, level,
+                      TOP_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, LAST: tl.constexpr,
+                      CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Program (row, chunk), level ``level`` of a row's cut by radix select (:mod:`._radix_select`).
+
+    ``TOP_P = False``: the top-k cut, the key of the k-th largest scaled logit (weights 1, need k).
+    ``TOP_P = True``: the kept mass and the top-p cut over the bit patterns of ``e = exp(scaled - max)`` on the
+    top-k set (weights e, need ``top_p * sum(e)``); level 0 runs for every filtered row, whose kept mass the level-1
+    programs store, and the later levels for the rows with top-p only.
+
+    Levels 1..LEVELS first close the previous level (chunk 0 stores the prefix and ``above``); the last one stores
+    the cut (and, for top-p, the kept mass). Levels 0..LEVELS-1 then histogram the chunk.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    req, t, t_eff, k_on, p_on = _row_params(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row, V, HAS_TOP_K, HAS_TOP_P)
+    if TOP_P:
+        active = tl.where(level <= 1, k_on | p_on, p_on)
     else:
-        pd = tl.where(idx == x_rej, 1.0, 0.0)
-    return tl.where(resid_on, tl.maximum(pt - pd, 0.0), pt)
+        active = k_on
+    if active:
+        prefix = tl.zeros((), dtype=tl.int64)
+        above = tl.zeros((), dtype=tl.float32)
+        hist_row = hist_in_ptr + row * n_chunks * 16
+        if level > 0:
+            prefix = tl.load(prefix_ptr + (level - 1) * rows + row)
+            above = tl.load(above_ptr + (level - 1) * rows + row)
+            if TOP_P:
+                if level == 1:
+                    c = tl.arange(0, CHUNKS_P2)
+                    b = tl.arange(0, 16)
+                    mass = tl.sum(tl.sum(tl.load(hist_row + c[:, None] * 16 + b[None, :],
+                                                 mask=c[:, None] < n_chunks, other=0.0), 0), 0)
+                    need = tl.load(top_p_ptr + req, mask=p_on, other=1.0) * mass
+                    if chunk == 0:
+                        tl.store(row_z_ptr + row, mass)
+                        tl.store(need_ptr + row, need)
+                else:
+                    need = tl.load(need_ptr + row)
+            else:
+                need = tl.load(top_k_ptr + req).to(tl.float32)
+            if p_on | (not TOP_P):
+                prefix, above, at_or_above = select_digit(hist_row, n_chunks, prefix, above, need, level, CHUNKS_P2)
+                if chunk == 0:
+                    tl.store(prefix_ptr + level * rows + row, prefix)
+                    tl.store(above_ptr + level * rows + row, above)
+                    if LAST:
+                        if TOP_P:
+                            tl.store(keep_bits_ptr + row, prefix)
+                            tl.store(row_z_ptr + row, at_or_above)
+                        else:
+                            tl.store(keep_key_ptr + row, prefix)
+        if (not LAST) & (p_on | (level == 0) | (not TOP_P)):
+            m = tl.load(row_max_ptr + row)
+            keep_key = tl.load(keep_key_ptr + row)
+            offs = tl.arange(0, BLOCK_V)
+            acc = tl.zeros((16,), dtype=tl.float32)
+            for start in range(chunk * CHUNK_V, tl.minimum(chunk * CHUNK_V + CHUNK_V, V), BLOCK_V):
+                idx = start + offs
+                valid = idx < V
+                scaled = tl.load(logits_ptr + row * V + idx, mask=valid, other=0.0).to(tl.float32) / t_eff
+                if TOP_P:
+                    e = tl.where(ordered_key(scaled) >= keep_key, tl.exp(scaled - m), 0.0)
+                    acc += chunk_histogram(bits_key(e), e, valid, prefix, level)
+                else:
+                    acc += chunk_histogram(ordered_key(scaled), tl.full((BLOCK_V,), 1.0, tl.float32), valid, prefix,
+                                           level)
+            tl.store(hist_out_ptr + (row * n_chunks + chunk) * 16 + tl.arange(0, 16), acc)
 
 
 @triton.jit
-def _accept_sample_kernel(
-    draft_ids_ptr,
-    cu_ptr,
-    draft_probs_ptr,
-    probs_ptr,
-    argmax_ptr,
-    temp_ptr,
-    accept_u_ptr,
-    sample_u_ptr,
-    out_ptr,
-    num_acc_ptr,
-    accept_cnt_ptr,
-    draft_cnt_ptr,
-    V,
-    stride_out,
-    HAS_DRAFT_PROBS: tl.constexpr,
-    HAS_ACCEPT_COUNTER: tl.constexpr,
-    HAS_DRAFT_COUNTER: tl.constexpr,
-    RESID_EPS: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-):
-    """One program per request: accept tests over its drafts, then the correction/bonus draw by inverse CDF.
-    ``stride_out`` (the output's row stride, ``max_spec_len + 1``) is a runtime argument: the draft width changes
-    from round to round, and a constexpr would compile the kernel once per width."""
+def _accept_kernel(draft_ids_ptr, cu_ptr, draft_probs_ptr, logits_ptr, temp_ptr, row_max_ptr, row_z_ptr,
+                   row_arg_ptr, keep_key_ptr, keep_bits_ptr, accept_u_ptr, out_ptr, num_acc_ptr, final_row_ptr,
+                   accept_cnt_ptr, draft_cnt_ptr, V, stride_out,
+                   HAS_DRAFT_PROBS: tl.constexpr, HAS_ACCEPT_COUNTER: tl.constexpr, HAS_DRAFT_COUNTER: tl.constexpr):
+    """Program per request: the accept tests of its drafts from the row statistics (one logit and, with
+    draft_probs, one draft probability gathered per draft), the accepted tokens, the counters, and the final
+    row; a greedy request's last token is that row's argmax, a stochastic one's is drawn by :func:`_draw_kernel`.
+    ``stride_out`` (``max_spec_len + 1``) is a runtime argument, so a new draft width compiles nothing."""
     r = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + r).to(tl.int64)
     n = tl.load(cu_ptr + r + 1).to(tl.int64) - start
     row0 = start + r
     t = tl.load(temp_ptr + r)
     out_row = out_ptr + r * stride_out
-
     num_acc = tl.zeros((), dtype=tl.int64)
     alive = n >= 0
     for j in range(0, n):
         i = start + j
+        row = row0 + j
         x = tl.load(draft_ids_ptr + i).to(tl.int64)
-        if HAS_DRAFT_PROBS:
-            pd = tl.load(draft_probs_ptr + i * V + x)
-        else:
-            pd = 1.0
         if t > 0.0:
-            ok = tl.load(accept_u_ptr + i) * pd < tl.load(probs_ptr + (row0 + j) * V + x)
+            if HAS_DRAFT_PROBS:
+                pd = tl.load(draft_probs_ptr + i * V + x)
+            else:
+                pd = 1.0
+            scaled = tl.load(logits_ptr + row * V + x).to(tl.float32) / t
+            pt = _target_prob(scaled, tl.load(row_max_ptr + row), tl.load(row_z_ptr + row),
+                              tl.load(keep_key_ptr + row), tl.load(keep_bits_ptr + row))
+            ok = tl.load(accept_u_ptr + i) * pd < pt
         else:
-            ok = x == tl.load(argmax_ptr + row0 + j).to(tl.int64)
+            ok = x == tl.load(row_arg_ptr + row).to(tl.int64)
         alive = alive & ok
         tl.store(out_row + j, x, mask=alive)
         num_acc += alive.to(tl.int64)
@@ -175,55 +258,162 @@ def _accept_sample_kernel(
         if HAS_ACCEPT_COUNTER:
             tl.atomic_add(accept_cnt_ptr + j, 1, mask=alive)
     tl.store(num_acc_ptr + r, num_acc.to(tl.int32))
-
-    row = row0 + num_acc
-    token = tl.load(argmax_ptr + row).to(tl.int64)
-    if t > 0.0:
-        token = _sample_last(draft_ids_ptr, draft_probs_ptr, probs_ptr, sample_u_ptr, row, start + num_acc,
-                             num_acc < n, V, HAS_DRAFT_PROBS, RESID_EPS, BLOCK_V)
-    tl.store(out_row + num_acc, token)
+    tl.store(final_row_ptr + r, row0 + num_acc)
+    if t == 0.0:
+        tl.store(out_row + num_acc, tl.load(row_arg_ptr + row0 + num_acc).to(tl.int64))
 
 
 @triton.jit
-def _sample_last(draft_ids_ptr, draft_probs_ptr, probs_ptr, sample_u_ptr, row, i_rej, rejected, V,
-                 HAS_DRAFT_PROBS: tl.constexpr, RESID_EPS: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Inverse-CDF draw of the last token of a stochastic request (residual after a rejection, else ``p_t``).
+def _last_weights(logits_ptr, draft_probs_ptr, row, i_rej, x_rej, rejected, idx, valid, t, m, z, keep_key,
+                  keep_bits, V, HAS_DRAFT_PROBS: tl.constexpr):
+    """One vocab tile of the last token's two candidate weights: ``p_t`` of the final row and the residual
+    ``max(0, p_t - p_d)`` of the rejected draft (zeros unless ``rejected``)."""
+    scaled = tl.load(logits_ptr + row * V + idx, mask=valid, other=0.0).to(tl.float32) / t
+    pt = tl.where(valid, _target_prob(scaled, m, z, keep_key, keep_bits), 0.0)
+    on = tl.where(rejected, valid, False)  # not `valid & rejected`: the interpreter mistypes that mask
+    if HAS_DRAFT_PROBS:
+        pd = tl.load(draft_probs_ptr + i_rej * V + idx, mask=on, other=0.0)
+    else:
+        pd = tl.where(idx == x_rej, 1.0, 0.0)
+    return pt, tl.where(on, tl.maximum(pt - pd, 0.0), 0.0)
 
-    Two passes over the vocabulary: the total mass (of the residual after a rejection, falling back to ``p_t``), then
-    the tile-wise cumulative sum with a running total, keeping the first hit and the last positive-weight index.
-    """
-    offs = tl.arange(0, BLOCK_V)
-    p_row = probs_ptr + row * V
-    d_row = draft_probs_ptr + i_rej * V
+
+@triton.jit
+def _last_row_params(draft_ids_ptr, cu_ptr, num_acc_ptr, final_row_ptr, row_max_ptr, row_z_ptr, keep_key_ptr,
+                     keep_bits_ptr, r):
+    """Request ``r``'s final row, its statistics and cuts, and its rejected draft (index, token, whether any)."""
+    row = tl.load(final_row_ptr + r)
+    i_rej = tl.load(cu_ptr + r).to(tl.int64) + tl.load(num_acc_ptr + r)
+    rejected = i_rej < tl.load(cu_ptr + r + 1).to(tl.int64)
     x_rej = tl.load(draft_ids_ptr + i_rej, mask=rejected, other=-1).to(tl.int64)
-    resid_mass = tl.zeros((), dtype=tl.float32)
-    if rejected:
-        for start in range(0, V, BLOCK_V):
-            idx = start + offs
-            w = _final_weights(p_row, d_row, idx, idx < V, x_rej, rejected, HAS_DRAFT_PROBS)
-            resid_mass += tl.sum(w, 0)
-    use_resid = rejected & (resid_mass > RESID_EPS)
+    return (row, i_rej, x_rej, rejected, tl.load(row_max_ptr + row), tl.load(row_z_ptr + row),
+            tl.load(keep_key_ptr + row), tl.load(keep_bits_ptr + row))
 
-    total = resid_mass  # the residual's mass, summed in the same order as the pass below would
-    if tl.where(use_resid, False, True):
-        total = tl.zeros((), dtype=tl.float32)
-        for start in range(0, V, BLOCK_V):
-            idx = start + offs
-            total += tl.sum(_final_weights(p_row, d_row, idx, idx < V, x_rej, use_resid, HAS_DRAFT_PROBS), 0)
-    target = tl.load(sample_u_ptr + row) * total
 
-    running = tl.zeros((), dtype=tl.float32)
-    found = tl.zeros((), dtype=tl.int64) + V
-    last = tl.zeros((), dtype=tl.int64) - 1
-    for start in range(0, V, BLOCK_V):
-        idx = start + offs
-        valid = idx < V
-        w = _final_weights(p_row, d_row, idx, valid, x_rej, use_resid, HAS_DRAFT_PROBS)
-        running, found, last = cdf_scan_step(w, idx, valid, V, target, running, found, last)
-    return tl.where(found < V, found, last)
+@triton.jit
+def _last_chunk_sums_kernel(draft_ids_ptr, cu_ptr, draft_probs_ptr, logits_ptr, temp_ptr, num_acc_ptr,
+                            final_row_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, sums_ptr, last_ptr,
+                            V, n_chunks, HAS_DRAFT_PROBS: tl.constexpr, CHUNK_V: tl.constexpr,
+                            BLOCK_V: tl.constexpr):
+    """Program (stochastic request, chunk): the chunk's sums of both candidate weights of the last token
+    (:func:`_last_weights`) and their last positive indices, the first pass of the vocab-parallel draw."""
+    r = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    t = tl.load(temp_ptr + r)
+    if t > 0.0:
+        row, i_rej, x_rej, rejected, m, z, keep_key, keep_bits = _last_row_params(
+            draft_ids_ptr, cu_ptr, num_acc_ptr, final_row_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, r)
+        offs = tl.arange(0, BLOCK_V)
+        sum_pt = tl.zeros((), dtype=tl.float32)
+        sum_res = tl.zeros((), dtype=tl.float32)
+        last_pt = tl.zeros((), dtype=tl.int64) - 1
+        last_res = tl.zeros((), dtype=tl.int64) - 1
+        for start in range(chunk * CHUNK_V, tl.minimum(chunk * CHUNK_V + CHUNK_V, V), BLOCK_V):
+            idx = (start + offs).to(tl.int64)
+            pt, res = _last_weights(logits_ptr, draft_probs_ptr, row, i_rej, x_rej, rejected, idx, idx < V, t, m, z,
+                                    keep_key, keep_bits, V, HAS_DRAFT_PROBS)
+            sum_pt += tl.sum(pt, 0)
+            sum_res += tl.sum(res, 0)
+            last_pt = tl.maximum(last_pt, tl.max(tl.where(pt > 0.0, idx, -1), 0))
+            last_res = tl.maximum(last_res, tl.max(tl.where(res > 0.0, idx, -1), 0))
+        at = (r * n_chunks + chunk) * 2
+        tl.store(sums_ptr + at, sum_pt)
+        tl.store(sums_ptr + at + 1, sum_res)
+        tl.store(last_ptr + at, last_pt)
+        tl.store(last_ptr + at + 1, last_res)
+
+
+@triton.jit
+def _draw_kernel(draft_ids_ptr, cu_ptr, draft_probs_ptr, logits_ptr, temp_ptr, num_acc_ptr, final_row_ptr,
+                 row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, sums_ptr, last_ptr, sample_u_ptr, out_ptr,
+                 V, n_chunks, stride_out,
+                 HAS_DRAFT_PROBS: tl.constexpr, RESID_EPS: tl.constexpr, CHUNK_V: tl.constexpr,
+                 BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Program per stochastic request: the last token by inverse CDF. The residual is used when a draft was rejected
+    and its mass exceeds ``RESID_EPS``, else ``p_t``. The chunk sums locate the chunk where the cumulative weight
+    passes ``u * total``; the scan then starts there (usually ending inside it), so one chunk is re-read."""
+    r = tl.program_id(0).to(tl.int64)
+    t = tl.load(temp_ptr + r)
+    if t > 0.0:
+        row, i_rej, x_rej, rejected, m, z, keep_key, keep_bits = _last_row_params(
+            draft_ids_ptr, cu_ptr, num_acc_ptr, final_row_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, r)
+        c = tl.arange(0, CHUNKS_P2)
+        on = c < n_chunks
+        at = (r * n_chunks + c) * 2
+        res_sums = tl.load(sums_ptr + at + 1, mask=on, other=0.0)
+        use_resid = rejected & (tl.sum(res_sums, 0) > RESID_EPS)
+        sums = tl.where(use_resid, res_sums, tl.load(sums_ptr + at, mask=on, other=0.0))
+        last = tl.max(tl.where(use_resid, tl.load(last_ptr + at + 1, mask=on, other=-1),
+                               tl.load(last_ptr + at, mask=on, other=-1)), 0)
+        incl = tl.cumsum(sums, 0)
+        target = tl.load(sample_u_ptr + row) * tl.max(incl, 0)
+        first = tl.min(tl.where(on & (incl > target), c, n_chunks), 0)
+        running = tl.sum(tl.where(c == first, incl - sums, 0.0), 0)
+        found = tl.zeros((), dtype=tl.int64) + V
+        start = first.to(tl.int64) * CHUNK_V
+        offs = tl.arange(0, BLOCK_V)
+        while (found == V) & (start < V):
+            idx = start + offs
+            valid = idx < V
+            pt, res = _last_weights(logits_ptr, draft_probs_ptr, row, i_rej, x_rej, rejected, idx, valid, t, m, z,
+                                    keep_key, keep_bits, V, HAS_DRAFT_PROBS)
+            w = tl.where(use_resid, res, pt)
+            running, found, _ = cdf_scan_step(w, idx, valid, V, target, running, found, last)
+            start += BLOCK_V
+        tl.store(out_ptr + r * stride_out + tl.load(num_acc_ptr + r), tl.where(found < V, found, last))
 
 
 # -------------------------------------------------------------------------------------------------------- launcher
+class TargetRowStats(NamedTuple):
+    """Per target row ``[rows]``: ``row_max`` (max of the scaled logits), ``row_z`` (the kept mass
+    ``sum(e)``, stochastic rows), ``row_arg`` (lowest argmax, int32), and the cuts as keys, 0 = keep all:
+    ``keep_key`` (top-k: the ordered key of the k-th largest scaled logit) and ``keep_bits`` (top-p: the bit
+    pattern of the smallest kept ``e``). ``p_t = e / row_z`` on the entries whose keys pass both cuts."""
+
+    row_max: torch.Tensor
+    row_z: torch.Tensor
+    row_arg: torch.Tensor
+    keep_key: torch.Tensor
+    keep_bits: torch.Tensor
+
+
+def target_row_stats(logits: torch.Tensor, row_req: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | None,
+                     top_p: torch.Tensor | None, cfg: dict) -> TargetRowStats:
+    """The row passes of :func:`rejection_sample_triton` over contiguous ``logits [rows, V]`` (``row_req [rows]``
+    int32: each row's request; ``temp``, ``top_k``, ``top_p``: per request), parallel over (row, vocab chunk)."""
+    dev = logits.device
+    rows, v = logits.shape
+    block_v, chunk_v, warps = cfg["BLOCK_V"], cfg["CHUNK_V"], cfg["num_warps"]
+    n_chunks = triton.cdiv(v, chunk_v)
+    chunks_p2 = triton.next_power_of_2(n_chunks)
+    f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
+    cmax, csum = torch.empty((rows, n_chunks), **f32), torch.empty((rows, n_chunks), **f32)
+    carg = torch.empty((rows, n_chunks), dtype=torch.int32, device=dev)
+    stats = TargetRowStats(torch.empty(rows, **f32), torch.ones(rows, **f32),
+                           torch.empty(rows, dtype=torch.int32, device=dev), torch.zeros(rows, **i64),
+                           torch.zeros(rows, **i64))
+    _chunk_stats_kernel[(rows, n_chunks)](logits, row_req, temp, cmax, csum, carg, v, n_chunks,
+                                          CHUNK_V=chunk_v, BLOCK_V=block_v, num_warps=warps)
+    _row_merge_kernel[(rows,)](row_req, temp, cmax, csum, carg, stats.row_max, stats.row_z, stats.row_arg, n_chunks,
+                               CHUNKS_P2=chunks_p2, num_warps=1)
+    if top_k is None and top_p is None:
+        return stats
+    tk = top_k.contiguous() if top_k is not None else torch.zeros(1, **i64)
+    tp = top_p.contiguous() if top_p is not None else torch.ones(1, **f32)
+    hist = torch.empty((2, rows, n_chunks, 16), **f32)
+    prefix, above = torch.zeros((LEVELS + 1, rows), **i64), torch.zeros((LEVELS + 1, rows), **f32)  # row 0: level 0's
+    need = torch.empty(rows, **f32)
+    for top_p_cut in (False, True) if top_k is not None else (True,):
+        levels = LEVELS if top_p is not None or not top_p_cut else 1  # top-k only: level 1 stores the kept mass
+        for level in range(levels + 1):
+            _cut_level_kernel[(rows, n_chunks)](
+                logits, row_req, temp, tk, tp, stats.row_max, stats.row_z, stats.keep_key, stats.keep_bits, need,
+                prefix, above, hist[(level + 1) % 2], hist[level % 2], rows, v, n_chunks, level,
+                TOP_P=top_p_cut, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, LAST=level == LEVELS,
+                CHUNK_V=chunk_v, BLOCK_V=block_v, CHUNKS_P2=chunks_p2, num_warps=warps)
+    return stats
+
+
 def rejection_sample_triton(
     draft_token_ids: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
@@ -239,15 +429,24 @@ def rejection_sample_triton(
     accept_counter: torch.Tensor | None = None,
     draft_counter: torch.Tensor | None = None,
 ) -> RejectionResult:
-    """Triton twin of :func:`rejection_sample_ref` (same signature): two launches, no host sync.
+    """Triton twin of :func:`rejection_sample_ref` (same signature), with no host sync and no ``[rows, V]``
+    workspace. Every row pass runs over (row, vocab chunk) programs:
 
-    Kernel 1 (grid ``N + R``) fills a float32 workspace ``[N + R, V]`` with filtered target probabilities and an
-    int32 ``[N + R]`` argmax; kernel 2 (grid ``R``) runs the accept tests and the correction/bonus draw.
+    1. ``_chunk_stats_kernel`` reads the logits once (chunk max, argmax, online sum-exp), ``_row_merge_kernel``
+       merges them per row;
+    2. with top-k / top-p, ``_cut_level_kernel`` finds the cuts by radix select: ``LEVELS + 1`` launches per cut,
+       each reading the filtered rows once;
+    3. ``_accept_kernel`` (per request) runs the accept tests from the row statistics;
+    4. ``_last_chunk_sums_kernel`` (stochastic request x chunk) and ``_draw_kernel`` (per request) draw the last
+       token, re-reading only the final row and the rejected draft's row.
     """
     dev = target_logits.device
     rows, v = target_logits.shape
     r = cu_num_draft_tokens.numel() - 1
     cfg = launch_config("rejection_sample", _DEFAULTS, dev)
+    block_v, chunk_v, warps = cfg["BLOCK_V"], cfg["CHUNK_V"], cfg["num_warps"]
+    if chunk_v % block_v:
+        raise ValueError(f"rejection_sample config: CHUNK_V {chunk_v} must be a multiple of BLOCK_V {block_v}")
     out = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
     num_acc = torch.zeros(r, dtype=torch.int32, device=dev)
     if r == 0:
@@ -255,26 +454,34 @@ def rejection_sample_triton(
     logits = target_logits.contiguous()
     temp = temperature.float().contiguous()
     _, row_req, *_ = _ragged_maps(cu_num_draft_tokens.long(), draft_token_ids.numel())
-    probs = torch.empty((rows, v), dtype=torch.float32, device=dev)
-    argmax = torch.empty(rows, dtype=torch.int32, device=dev)
-    dummy_f = torch.zeros(1, dtype=torch.float32, device=dev)
-    dummy_i = torch.zeros(1, dtype=torch.int64, device=dev)
+    n_chunks = triton.cdiv(v, chunk_v)
+    stats = target_row_stats(logits, row_req.to(torch.int32), temp, top_k, top_p, cfg)
+    f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
+    dummy_f, dummy_i = torch.zeros(1, **f32), torch.zeros(1, **i64)
 
-    def or_dummy(t: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
-        return t.contiguous() if t is not None else dummy
+    def or_dummy(x: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
+        return x.contiguous() if x is not None else dummy
 
-    _target_probs_kernel[(rows,)](
-        logits, row_req.to(torch.int32), temp, or_dummy(top_k, dummy_i), or_dummy(top_p, dummy_f), probs, argmax, v,
-        HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
-    )
-    _accept_sample_kernel[(r,)](
-        draft_token_ids.contiguous(), cu_num_draft_tokens.contiguous(), or_dummy(draft_probs, dummy_f), probs, argmax,
-        temp, or_dummy(accept_uniforms, dummy_f), or_dummy(sample_uniforms, dummy_f), out, num_acc,
-        or_dummy(accept_counter, dummy_i), or_dummy(draft_counter, dummy_i), v, out.stride(0),
+    final_row = torch.empty(r, **i64)
+    drafts, cu = draft_token_ids.contiguous(), cu_num_draft_tokens.contiguous()
+    dprobs = or_dummy(draft_probs, dummy_f)
+    _accept_kernel[(r,)](
+        drafts, cu, dprobs, logits, temp, stats.row_max, stats.row_z, stats.row_arg, stats.keep_key, stats.keep_bits,
+        or_dummy(accept_uniforms, dummy_f), out, num_acc, final_row, or_dummy(accept_counter, dummy_i),
+        or_dummy(draft_counter, dummy_i), v, out.stride(0),
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_ACCEPT_COUNTER=accept_counter is not None,
-        HAS_DRAFT_COUNTER=draft_counter is not None, RESID_EPS=RESIDUAL_EPS,
-        BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"],
+        HAS_DRAFT_COUNTER=draft_counter is not None, num_warps=1,
     )
+    if sample_uniforms is None:  # every request is greedy (the op's contract): no draw
+        return RejectionResult(out, num_acc)
+    sums, last = torch.empty((r, n_chunks, 2), **f32), torch.empty((r, n_chunks, 2), **i64)
+    common = (drafts, cu, dprobs, logits, temp, num_acc, final_row, stats.row_max, stats.row_z, stats.keep_key,
+              stats.keep_bits)
+    _last_chunk_sums_kernel[(r, n_chunks)](*common, sums, last, v, n_chunks, HAS_DRAFT_PROBS=draft_probs is not None,
+                                          CHUNK_V=chunk_v, BLOCK_V=block_v, num_warps=warps)
+    _draw_kernel[(r,)](*common, sums, last, sample_uniforms.contiguous(), out, v, n_chunks, out.stride(0),
+                       HAS_DRAFT_PROBS=draft_probs is not None, RESID_EPS=RESIDUAL_EPS, CHUNK_V=chunk_v,
+                       BLOCK_V=block_v, CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=warps)
     return RejectionResult(out, num_acc)
 
 
