@@ -463,7 +463,7 @@ def build(kernel, consts):
     triton.compile(src, target=GPUTarget("cuda", 90, 32))
 
 for kind in (1, 2, 3):
-    build(op._slot_latent_kernel, dict(KIND=kind, HAS_CONF=True, BLOCK_M=16, BLOCK_R=64))
+    build(op._slot_latent_kernel, dict(KIND=kind, HAS_CONF=True, BLOCK_M=16, BLOCK_R=64, BLOCK_C=32))
 for kind in range(4):
     for store in (True, False):
         build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, BLOCK_M=16, BLOCK_V=128, BLOCK_R=64))

@@ -151,7 +151,9 @@ def draft_block_attention_triton(
     # one M tile holds a whole block (up to MAX_BLOCK_M rows): the context is then read once per (request, KV head)
     block_m = min(MAX_BLOCK_M, max(cfg["BLOCK_M"], triton.next_power_of_2(max_seqlen_q * group)))
     m_tiles = triton.cdiv(max_seqlen_q * group, block_m)
-    splits, split_len = kv_splits(n_req * hkv * m_tiles, page_table.shape[1] * page_size, cfg["BLOCK_N"],
+    # a grown tile takes 8 warps, and from 64 rows half-width key tiles: so it compiles without spills on sm_80/sm_90
+    block_n = cfg["BLOCK_N"] if block_m < 64 else min(cfg["BLOCK_N"], 16)
+    splits, split_len = kv_splits(n_req * hkv * m_tiles, page_table.shape[1] * page_size, block_n,
                                   num_sms(q.device))
     ms, ls, acc = split_buffers(splits, total_q, hq, head_dim, out)
     grid = (n_req, hkv * splits, m_tiles)
@@ -172,11 +174,11 @@ def draft_block_attention_triton(
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=block_m,
-        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_N=block_n,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         # Triton's CPU interpreter computes bf16 tl.dot wrongly; upcast there only
         DOT_F32=q.dtype == torch.bfloat16 and triton_interpreted(),
-        num_warps=cfg["num_warps"] if block_m <= 32 else max(cfg["num_warps"], 8),
+        num_warps=cfg["num_warps"] if block_m <= 16 else max(cfg["num_warps"], 8),
         num_stages=cfg["num_stages"],
     )
     merge_splits(ms, ls, acc, out, splits)

@@ -62,6 +62,7 @@ __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "s
            "sequential_head_triton"]
 
 _DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 8}  # no spills on sm_80 / sm_90 (perf/kernel_resources.py)
+RNN_COLUMNS = 32  # state columns per step of the rnn latent: at rank 64, whole [r, r] tiles spilled 488 B
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
 # float32 products on tensor cores at about float32 accuracy (three tf32 products); the interpreter computes them in
 # float32 whatever the precision
@@ -84,21 +85,26 @@ DOT_PRECISION = tl.constexpr("tf32x3")
 
 
 @triton.jit
-def _square_tile(w_ptr, s_in, s_out, col0, RANK, BLOCK_R: tl.constexpr):
-    """``W[0:RANK, col0:col0 + RANK]`` of a strided matrix as a zero-padded ``[BLOCK_R, BLOCK_R]`` float32 tile."""
+def _weight_tile(w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """``W[0:RANK, col0:col0 + n_cols]`` of a strided matrix as a zero-padded ``[BLOCK_R, BLOCK_C]`` float32 tile."""
     i = tl.arange(0, BLOCK_R)
-    ok = (i[:, None] < RANK) & (i[None, :] < RANK)
-    ptrs = w_ptr + i[:, None].to(tl.int64) * s_in + (col0 + i[None, :]).to(tl.int64) * s_out
+    j = tl.arange(0, BLOCK_C)
+    ok = (i[:, None] < RANK) & (j[None, :] < n_cols)
+    ptrs = w_ptr + i[:, None].to(tl.int64) * s_in + (col0 + j[None, :]).to(tl.int64) * s_out
     return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_in, s_out, col0, RANK, BLOCK_R: tl.constexpr):
-    """Columns ``col0 .. col0 + r`` of the rnn pre-activation: the hidden-state term at ``pre + col0`` plus
-    ``s @ rnn_w_s + e @ rnn_w_e`` (``rnn_w``'s state rows, then its embedding rows from ``e_rows``)."""
+def _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_in, s_out, col0, n_cols, RANK, BLOCK_R: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """``BLOCK_C`` columns from ``col0`` (``n_cols`` of them real) of the rnn pre-activation: the hidden-state term
+    at ``pre + col0`` plus ``s @ rnn_w_s + e @ rnn_w_e`` (``rnn_w``'s state rows, then its embedding rows from
+    ``e_rows``)."""
     x = tl.load(pre + col0, mask=on, other=0.0)
-    x += tl.dot(s, _square_tile(rnn_w_ptr, s_in, s_out, col0, RANK, BLOCK_R), input_precision=DOT_PRECISION)
-    return x + tl.dot(e, _square_tile(e_rows, s_in, s_out, col0, RANK, BLOCK_R), input_precision=DOT_PRECISION)
+    x += tl.dot(s, _weight_tile(rnn_w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R, BLOCK_C),
+                input_precision=DOT_PRECISION)
+    return x + tl.dot(e, _weight_tile(e_rows, s_in, s_out, col0, RANK, n_cols, BLOCK_R, BLOCK_C),
+                      input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -123,6 +129,7 @@ def _slot_latent_kernel(
     rnn_h_ptr, rnn_w_ptr, s_rw_in, s_rw_out, state_ptr, conf_h_ptr, conf_w_ptr, lat_ptr, conf_ptr,
     R, D, RANK, k,
     KIND: tl.constexpr, HAS_CONF: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
     """Slot ``k`` of ``BLOCK_M`` requests: ``e = w1[x_{k-1}]`` (the anchor at ``k = 0``), the latent ``lat [R, r]``
     (vanilla ``e``; gated ``sigmoid(gate_h + e @ gate_w_e) * e``; rnn ``tanh(o)`` with the state updated in place),
@@ -140,21 +147,30 @@ def _slot_latent_kernel(
         lat = e
     elif KIND == 2:
         g = tl.load(gate_h_ptr + row[:, None] * RANK + c[None, :], mask=on, other=0.0)
-        g += tl.dot(e, _square_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, BLOCK_R),
+        g += tl.dot(e, _weight_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, RANK, BLOCK_R, BLOCK_R),
                     input_precision=DOT_PRECISION)
         lat = tl.sigmoid(g) * e
-    else:
-        s_ptrs = state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :]
-        s = tl.load(s_ptrs, mask=on, other=0.0)
-        pre = rnn_h_ptr + row[:, None] * (3 * RANK) + c[None, :]
+    else:  # rnn: the state's columns in chunks of BLOCK_C (whole [r, r] tiles would not fit in registers)
+        s = tl.load(state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], mask=on, other=0.0)
         e_rows = rnn_w_ptr + RANK * s_rw_in
-        a = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 0, RANK, BLOCK_R)
-        cc = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, RANK, RANK, BLOCK_R)
-        o = _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK, RANK, BLOCK_R)
-        gate = tl.sigmoid(a)
-        tl.store(s_ptrs, gate * s + (1.0 - gate) * _tanh(cc), mask=on)
-        lat = _tanh(o)
-    tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], lat, mask=on)
+        for c0 in range(0, RANK, BLOCK_C):
+            j = tl.arange(0, BLOCK_C)
+            cols = c0 + j
+            on_c = active[:, None] & (cols < RANK)[None, :]
+            pre = rnn_h_ptr + row[:, None] * (3 * RANK) + j[None, :]
+            n_cols = RANK - c0
+            a = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, c0, n_cols, RANK, BLOCK_R, BLOCK_C)
+            cc = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, RANK + c0, n_cols, RANK, BLOCK_R,
+                           BLOCK_C)
+            o = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK + c0, n_cols, RANK,
+                          BLOCK_R, BLOCK_C)
+            gate = tl.sigmoid(a)
+            s_ptrs = state_ptr + m[:, None].to(tl.int64) * RANK + cols[None, :]
+            s_old = tl.load(s_ptrs, mask=on_c, other=0.0)  # this chunk's columns, not yet updated
+            tl.store(s_ptrs, gate * s_old + (1.0 - gate) * _tanh(cc), mask=on_c)
+            tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + cols[None, :], _tanh(o), mask=on_c)
+    if KIND != 3:
+        tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], lat, mask=on)
     if HAS_CONF:
         cw = tl.load(conf_w_ptr + D + c, mask=c < RANK, other=0.0).to(tl.float32)
         conf = tl.load(conf_h_ptr + row, mask=active, other=0.0) + tl.sum(e * cw[None, :], 1)
@@ -363,7 +379,8 @@ def sequential_head_triton(
                 anchors, cu, tokens, w1, s_w1, opt(gate_h), gate_w, s_gw_in, s_gw_out, opt(rnn_h), rnn_w, s_rw_in,
                 s_rw_out, state, opt(conf_h), opt(weights.conf_w), lat, conf,
                 r, hidden.shape[1], rank, k,
-                KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r, num_warps=8,
+                KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r,
+                BLOCK_C=min(block_r, RNN_COLUMNS), num_warps=8,
             )
         _slot_vocab_kernel[(n_tiles, blocks)](
             logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, r, v, rank, k, n_tiles,
