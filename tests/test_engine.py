@@ -579,9 +579,9 @@ def test_replay_oracle_bounds_every_policy(traces):
             assert p["per_user_tps_p10"] <= p["per_user_tps_median"]
 
 
-def test_nan_confidences_from_the_drafter_stop_the_engine(target, drafter, monkeypatch):  # noqa: F811
-    """A drafter whose confidence head emits NaN makes a confidence-scheduled engine step raise, naming the policy,
-    instead of sorting NaN survivals."""
+def test_nan_confidences_from_the_drafter_fail_their_requests(target, drafter, monkeypatch):  # noqa: F811
+    """A drafter whose confidence head emits NaN fails the requests of that round, with an error naming the policy
+    (instead of sorting NaN survivals), frees their pages, and leaves the engine usable."""
     real = drafter.draft
 
     def nan_confidences(*args, **kwargs):
@@ -590,10 +590,12 @@ def test_nan_confidences_from_the_drafter_stop_the_engine(target, drafter, monke
 
     monkeypatch.setattr(drafter, "draft", nan_confidences)
     eng = engine(target, drafter, "dspark")
-    eng.add_request(PROMPTS[0], 8)
-    with pytest.raises(ValueError, match="policy 'dspark': confidence logits contain NaN"):
-        for _ in range(3):
-            eng.step()
+    rid = eng.add_request(PROMPTS[0], 8)
+    for _ in range(3):
+        eng.step()
+    req = eng.requests[rid]
+    assert req.reason == "error" and "policy 'dspark': confidence logits contain NaN" in req.error
+    assert not eng.has_work and eng.tcache.num_free_pages == eng.kv_pages
 
 
 def test_bad_inputs_raise_clear_errors(target, drafter, traces, tmp_path):  # noqa: F811

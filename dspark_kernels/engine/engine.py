@@ -16,7 +16,13 @@ features) wait per request (:class:`~.rounds.PendingContext`) until the request'
 takes them in within the same pass, so a policy that does not draft costs no drafter work at all.
 
 An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``; finished requests leave the batch
-and free their target and drafter caches. Randomness is counter-based per request (round t of seed s uses (s, t)),
+and free their target and drafter caches. So do aborted requests (:meth:`Engine.abort`, at any point, also from a
+streaming callback) and failed ones: a forward that raises (prefill, draft or verify) fails the requests of that
+forward (``finish_reason`` "error", the exception in ``Request.error``), frees their pages, and the engine goes on
+with the others. Admission reserves each request's worst case (prompt + max_new_tokens + gamma + 1 tokens) in pages
+of the KV pools (``kv_pages``); a queued request waits, in order, until its reservation fits.
+
+Randomness is counter-based per request (round t of seed s uses (s, t)),
 so a request's output depends only on its own seed, its verify lengths and each round's draft width (a block
 drafter's block attends both ways, so the number of slots drafted shapes every slot's distribution). With a
 per-request policy (fixed-k, threshold) it therefore does not depend on the batch; the load-aware policies
@@ -51,13 +57,19 @@ from .rounds import PendingContext, draft, finish_reason, no_drafts, prefill, ve
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
 
-__all__ = ["Engine", "Request", "run_closed_loop"]
+__all__ = ["Engine", "PolicyError", "Request", "run_closed_loop"]
+
+
+class PolicyError(ValueError):
+    """A policy's answer outside its contract (a bug to surface, not a fault that fails the round's requests)."""
 
 
 @dataclass
 class Request:
     """One request's parameters and state; ``tokens``: its new tokens; ``rounds``: its noise counter (prefill = 0);
-    ``t_start``/``t_end``: wall clock at admission (its prefill step) and at finishing."""
+    ``t_start``/``t_end``: wall clock at admission (its prefill step) and at finishing; ``reason``: None while it
+    runs, then "eos", "length", "aborted" or "error" (``error``: the exception); ``on_tokens(rid, new_tokens,
+    reason)``: its streaming callback, ``streamed`` the tokens it has been given."""
 
     rid: int
     prompt: list[int]
@@ -72,6 +84,9 @@ class Request:
     reason: str | None = None
     t_start: float = 0.0
     t_end: float = 0.0
+    on_tokens: Callable[[int, list[int], str | None], None] | None = None
+    streamed: int = 0
+    error: str | None = None
 
 
 class _Metrics:
@@ -146,12 +161,13 @@ class Engine:
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
                  page_size: int = 16, max_batch: int = 8, max_seq_len: int = 1024, impl: str | None = None,
                  draft_profile: SPSProfile | None = None, clock: Callable[[], float] | None = None,
-                 narrow_draft_profile: SPSProfile | None = None) -> None:
+                 narrow_draft_profile: SPSProfile | None = None, kv_pages: int | None = None) -> None:
         check_gamma(drafter, gamma)
         check_drafter_target(drafter, target)
         if policy.replay_only:
             raise ValueError(f"policy {policy.name!r} needs realised outcomes: use it in the replay simulator only")
-        for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len)):
+        for name, v in (("page_size", page_size), ("max_batch", max_batch), ("max_seq_len", max_seq_len),
+                        ("kv_pages", 1 if kv_pages is None else kv_pages)):
             if not is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
         from .sps import SPSProfile  # at call time: importing the package must not import sps (see above)
@@ -168,9 +184,13 @@ class Engine:
         self.max_batch, self.max_seq_len, self.impl, self.clock = max_batch, max_seq_len, impl, clock
         self._now = clock if clock is not None else (lambda: 0.0)  # round timing reads this; reported with a clock only
         self.device = target.device
-        pages = max_batch * -(-max_seq_len // page_size)
+        pages = max_batch * -(-max_seq_len // page_size) if kv_pages is None else kv_pages
+        self.kv_pages, self.page_size = pages, page_size
         self.tcache = target.new_cache(pages, page_size)
         self.dstate = drafter.new_state(pages, page_size)
+        self._reserved: dict[int, int] = {}  # pages reserved per admitted request (its worst case)
+        self._in_step = False
+        self._abort_later: set[int] = set()
         self.requests: dict[int, Request] = {}
         self.pending: list[int] = []
         self.live: list[int] = []
@@ -181,9 +201,13 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt: Sequence[int], max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                    top_p: float = 1.0, seed: int | None = None, eos: int | Sequence[int] | None = None) -> int:
-        """Queue a request (prefilled at the next step with room); returns its id. ``eos``: a stop token id, or
-        several (e.g. ``target.config.eos_token_ids``)."""
+                    top_p: float = 1.0, seed: int | None = None, eos: int | Sequence[int] | None = None,
+                    on_tokens: Callable[[int, list[int], str | None], None] | None = None) -> int:
+        """Queue a request (prefilled at the next step with room in the batch and the KV pools); returns its id.
+        ``eos``: a stop token id, or several (e.g. ``target.config.eos_token_ids``). ``on_tokens(rid, new_tokens,
+        reason)``: called after every step that emits tokens for it or ends it (``reason`` None while it runs)."""
+        if on_tokens is not None and not callable(on_tokens):
+            raise TypeError(f"on_tokens must be callable, got {type(on_tokens).__name__}")
         if not is_int(max_new_tokens) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         (prompt,), stop = check_requests(self.target.config, [prompt], max_new_tokens, eos)
@@ -193,17 +217,75 @@ class Engine:
         if need > self.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + gamma + 1 = {need} "
                              f"exceeds max_seq_len = {self.max_seq_len}")
+        if self._pages_for(need) > self.kv_pages:
+            raise ValueError(f"prompt + max_new_tokens + gamma + 1 = {need} tokens need {self._pages_for(need)} pages, "
+                             f"more than the KV pools hold (kv_pages = {self.kv_pages})")
         rid = self._next_id
         self._next_id += 1
         self.requests[rid] = Request(rid, prompt, max_new_tokens, float(temperature), int(top_k), float(top_p),
-                                     seed, stop)
+                                     seed, stop, on_tokens=on_tokens)
         self.pending.append(rid)
         self._metrics.ensure(rid)
         return rid
 
+    def abort(self, rid: int) -> bool:
+        """End request ``rid`` now: a queued one leaves the queue, a running one frees its KV and drafter pages
+        (called from a streaming callback during a step, at the end of that step); its ``finish_reason`` becomes
+        "aborted" and the tokens it has are kept. The other requests are untouched. Returns False when it had
+        already finished; KeyError for an unknown id."""
+        if rid not in self.requests:
+            raise KeyError(f"abort: no request with id {rid!r}")
+        req = self.requests[rid]
+        if req.reason is not None:
+            return False
+        if rid in self.pending:
+            self.pending.remove(rid)
+            self._end([rid], "aborted", time.perf_counter())
+        elif self._in_step:
+            self._abort_later.add(rid)
+        else:
+            self.live.remove(rid)
+            self._end([rid], "aborted", time.perf_counter())
+        return True
+
     @property
     def has_work(self) -> bool:
         return bool(self.live or self.pending)
+
+    @property
+    def free_pages(self) -> int:
+        """Pages of the KV pools not reserved by an admitted request."""
+        return self.kv_pages - sum(self._reserved.values())
+
+    def _pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_size)
+
+    def _release(self, rid: int) -> None:
+        """Free ``rid``'s target and drafter pages, its pending drafter context and its reservation (whatever it
+        holds: an admission that failed may have added it to one cache only)."""
+        if rid in self.tcache:
+            self.tcache.free(rid)
+        if self._reserved.pop(rid, None) is not None:
+            self.drafter.free(self.dstate, rid)
+        self._pending.drop(rid)
+
+    def _end(self, rids: Sequence[int], reason: str, now: float, error: BaseException | None = None) -> None:
+        """End ``rids`` with ``reason`` (aborted or error): release them and tell their streams."""
+        for i in rids:
+            req = self.requests[i]
+            req.reason, req.t_end = reason, now
+            req.error = None if error is None else f"{type(error).__name__}: {error}"
+            self._release(i)
+        self._stream(rids)
+
+    def _stream(self, rids: Sequence[int]) -> None:
+        """Give each request's callback the tokens it has not seen yet (and its reason once it ended)."""
+        for i in rids:
+            req = self.requests[i]
+            if req.on_tokens is not None and (len(req.tokens) > req.streamed or req.reason is not None):
+                new = req.tokens[req.streamed:]
+                req.streamed = len(req.tokens)
+                req.on_tokens(i, new, req.reason)
 
     def _sampling(self, rids: Sequence[int]) -> Sampling:
         rs = [self.requests[i] for i in rids]
@@ -218,40 +300,78 @@ class Engine:
             req.reason = finish_reason(req.tokens, req.max_new_tokens, req.eos)
             if req.reason is not None:
                 req.t_end = now
-                self.tcache.free(i)
-                self.drafter.free(self.dstate, i)
-                self._pending.drop(i)
+                self._release(i)
                 done.append(i)
         return done
 
     def _admit(self, now: float) -> list[int]:
-        """Prefill the queued requests that fit; returns the ones that finished on their first token."""
-        room = self.max_batch - len(self.live)
-        new, self.pending = self.pending[:room], self.pending[room:]
+        """Prefill the queued requests that fit, in order: up to ``max_batch`` live, and while the next one's
+        worst case fits in the unreserved pages. Returns the ones that finished on their first token, or failed."""
+        room, free, new = self.max_batch - len(self.live), self.free_pages, []
+        for i in self.pending[:room]:
+            req = self.requests[i]
+            need = self._pages_for(len(req.prompt) + req.max_new_tokens + self.gamma + 1)
+            if need > free:
+                break
+            free -= need
+            new.append(i)
+        self.pending = self.pending[len(new):]
         if not new:
             return []
-        for i in new:
-            self.tcache.add_request(i)
-            self.drafter.add_request(self.dstate, i)
-            self.requests[i].t_start = now
-        first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
-                        [self.requests[i].prompt for i in new], self._sampling(new), self.impl,
-                        defer=lambda kept: self._pending.add(new, kept))
+        try:
+            for i in new:
+                req = self.requests[i]
+                req.t_start = now
+                self.tcache.add_request(i)
+                self.drafter.add_request(self.dstate, i)
+                self._reserved[i] = self._pages_for(len(req.prompt) + req.max_new_tokens + self.gamma + 1)
+            first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
+                            [self.requests[i].prompt for i in new], self._sampling(new), self.impl,
+                            defer=lambda kept: self._pending.add(new, kept))
+        except Exception as err:  # the prefill forward (or a cache) failed: these requests fail, the others go on
+            self._end(new, "error", time.perf_counter(), err)
+            return new
         for i, tok in zip(new, first):
             self.requests[i].tokens.append(tok)
             self.requests[i].rounds = 1
         done = self._finish(new, time.perf_counter())
         self.live += [i for i in new if i not in done]
+        self._stream(new)
         return done
 
     # -------------------------------------------------------------------------------------------------------- step
     def step(self) -> list[int]:
         """Admit queued requests, then run one draft/verify round for every live request; returns the ids of the
-        requests that finished during this step."""
-        done = self._admit(time.perf_counter())
-        live = self.live
-        if not live:
-            return done
+        requests that finished during this step (ended, aborted from a callback, or failed)."""
+        self._in_step = True
+        try:
+            done = self._admit(time.perf_counter())
+            done += self._apply_aborts()  # aborted from a callback at their prefill: no round for them
+            if self.live:
+                live = self.live
+                try:
+                    done += self._round(live)
+                except PolicyError:
+                    raise
+                except Exception as err:  # a draft or verify forward failed: its requests fail, the queue goes on
+                    self.live = [i for i in self.live if i not in live]
+                    self._end(live, "error", time.perf_counter(), err)
+                    done += live
+        finally:
+            self._in_step = False
+        return done + self._apply_aborts()
+
+    def _apply_aborts(self) -> list[int]:
+        """End the running requests a callback aborted during this step; returns them."""
+        aborted = [i for i in self._abort_later if self.requests[i].reason is None]
+        self._abort_later.clear()
+        if aborted:
+            self.live = [i for i in self.live if i not in aborted]
+            self._end(aborted, "aborted", time.perf_counter())
+        return aborted
+
+    def _round(self, live: list[int]) -> list[int]:
+        """One draft/verify round of the live requests ``live``; returns the ones that finished."""
         r, dev, gamma = len(live), self.device, self.gamma
         t_round = self._now()
         samp = self._sampling(live)
@@ -260,7 +380,7 @@ class Engine:
         if drafting:
             width = self.policy.draft_width(live, self.steps)
             if not (is_int(width) and 1 <= width <= gamma):
-                raise ValueError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
+                raise PolicyError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
             backlog = self._pending.longest(live) > gamma + 1
             context = self._pending.take(live, dev)
             if backlog:  # a new prompt, or context deferred over plain steps: taken in before the round is timed
@@ -287,7 +407,8 @@ class Engine:
         if self.clock is not None:
             self.policy.observe_round(r, drafting, seconds)
         self.live = [i for i in live if i not in finished]
-        return done + finished
+        self._stream(live)
+        return finished
 
     # ----------------------------------------------------------------------------------------------------- metrics
     def metrics(self) -> dict:
