@@ -83,6 +83,9 @@ def test_bench_counts_are_usage_errors(argv, message, monkeypatch, capsys):
     (["serving", "--concurrency", "4", "100000"], "--concurrency must be in 1..1024"),
     (["serving", "--profile", "CORRUPT"], "--profile"),
     (["serving", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
+    (["serving", "--prompts", "data/promtps"], "--prompts data/promtps is no prompt set"),
+    (["serving", "--draft-vocab", "-1"], "--draft-vocab must be >= 0"),
+    (["serving", "--drafter", "nowhere"], "--drafter nowhere: no drafter there"),
     (["ceiling", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
     (["acceptance", "--corpus", "data/corpsu"], "--corpus data/corpsu holds no corpus"),
 ])

@@ -642,7 +642,7 @@ def test_live_baselines_pay_only_for_their_own_drafts(target, drafter, tmp_path)
 
     from dspark_kernels.bench.serving import baseline_drafter
 
-    args = argparse.Namespace(gamma=5, mtp1_drafter=tmp_path / "missing", gemm_dtype="float32")
+    args = argparse.Namespace(gamma=5, mtp1_drafter=tmp_path / "missing", gemm_dtype="float32", draft_vocab=None)
     none, g_none = baseline_drafter("none", args, target, drafter)
     assert isinstance(none, NullDrafter) and g_none == 1
     assert baseline_drafter("mtp1", args, target, drafter) == (drafter, 5)  # no MTP-1 drafter: the first draft

@@ -53,6 +53,8 @@ import torch
 
 from ..cli_args import (
     DEFAULT_CORPUS,
+    DRAFT_VOCAB_HELP,
+    draft_vocab_choice,
     fraction_below_one,
     model_source,
     non_negative_float,
@@ -78,6 +80,7 @@ from ..engine.sps import (
 )
 from ..models import load_model
 from ..models.gemm_dtype import GEMM_DTYPES
+from ..models.registry import shipped_drafter
 from ..train.calibration import load_mean_survival, load_temperatures
 from . import ASSETS, device_record
 
@@ -112,8 +115,18 @@ def request_caps(n: int, max_new_tokens: int, length_range: float, seed: int) ->
 
 
 def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tuple[list[list[int]], str]:
-    """``n`` prompts of ``--prompt-len`` tokens: corpus test-split windows when the corpus and a tokenizer exist,
-    else seeded random token ids (labelled "random")."""
+    """``n`` prompts: with ``--prompts``, the prompt set's held-out chat prompts of every domain, interleaved (the
+    i-th of each domain in turn, from the ``seed``-th on, cycling), rendered through the chat template; else
+    ``--prompt-len`` tokens each: corpus test-split windows when the corpus and a tokenizer exist, else seeded random
+    token ids (labelled "random")."""
+    if args.prompts is not None:
+        from ..models.target_tokenizer import load_target_tokenizer
+        from ..train.prompts import DOMAINS
+        from .acceptance import chat_benchmark_prompts
+
+        per_domain = chat_benchmark_prompts(load_target_tokenizer(args.model), args.prompts, list(DOMAINS), 10**9)
+        mixed = [p for group in zip(*per_domain.values()) for p in group]
+        return [mixed[(seed + i) % len(mixed)] for i in range(n)], f"chat:{'+'.join(DOMAINS)}"
     if (Path(args.corpus) / "manifest.json").exists():
         from ..models.target_tokenizer import load_target_tokenizer
         from .acceptance import benchmark_prompts
@@ -148,7 +161,7 @@ def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> 
     if policy == "none":
         return NullDrafter(), 1
     if policy == "mtp1" and args.mtp1_drafter is not None and Path(args.mtp1_drafter).exists():
-        return load_drafter(args.mtp1_drafter, target, gemm_dtype=args.gemm_dtype), 1
+        return load_drafter(args.mtp1_drafter, target, gemm_dtype=args.gemm_dtype, draft_vocab=args.draft_vocab), 1
     return drafter, args.gamma
 
 
@@ -216,7 +229,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     warm, _ = prompts_for(args, 2, target.config.vocab_size, args.seed + 1)  # untimed: first-call allocations
     for run_drafter, gamma in runners.values():
         run_closed_loop(Engine(target, run_drafter, make_policy("fixed3"), profile, gamma, max_batch=2,
-                               max_seq_len=args.prompt_len + 9 + gamma), warm, 2, 8, temperature=args.temperature)
+                               max_seq_len=max(map(len, warm)) + 9 + gamma), warm, 2, 8, temperature=args.temperature)
     points = []
     # every policy at one concurrency back to back, --repeats times round-robin (every other cycle in reverse, so
     # that a place in the cycle favours no policy): slow drifts of a shared machine's speed hit them alike, and the
@@ -230,7 +243,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
             for name, (run_drafter, gamma) in list(runners.items())[:: -1 if cycle % 2 else 1]:
                 eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
                              gamma, max_batch=c,
-                             max_seq_len=args.prompt_len + max(caps) + args.gamma + 1,
+                             max_seq_len=max(map(len, prompts)) + max(caps) + args.gamma + 1,
                              draft_profile=draft_profiles[args.gamma] if run_drafter is drafter else None,
                              narrow_draft_profile=draft_profiles[1] if run_drafter is drafter else None,
                              clock=time.perf_counter)
@@ -411,15 +424,16 @@ def write_csv(points: list[dict], path: Path) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
-    drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype)
+    drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype, draft_vocab=args.draft_vocab)
     cal = Calibration.of(Path(args.drafter), args.gamma)
     runner = run_live if args.mode == "live" else run_replay
     points, profile, where = runner(args, target, drafter, cal)
     data = {
-        "benchmark": "serving", "mode": args.mode, "device": device_record(),
+        "benchmark": "serving", "mode": args.mode, "model": Path(str(args.model)).stem, "device": device_record(),
         "profile": {"device": profile.device, "model": profile.model, "source": profile.source,
                     "formula": profile.formula, "origin": where},
-        "settings": {"model": str(args.model), "drafter": str(args.drafter), "gamma": args.gamma,
+        "settings": {"model": str(args.model), "drafter": str(args.drafter), "mtp1_drafter": str(args.mtp1_drafter),
+                     "draft_vocab": args.draft_vocab, "threads": torch.get_num_threads(), "gamma": args.gamma,
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                      "length_range": args.length_range if args.mode == "live" else None,
                      "prompt_len": args.prompt_len, "calibrated": cal.temperatures is not None,
@@ -438,7 +452,22 @@ MAX_CONCURRENCY = 1024
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors, before any model loads, for values argparse accepts but the run would fail on or silently
     replace: unknown policies, a gamma beyond the drafters' blocks, a concurrency beyond what the engine serves, an
-    unreadable or invalid --profile, a --corpus that holds no corpus."""
+    unreadable or invalid --profile, a --corpus that holds no corpus, a --prompts that is no prompt set, a bad
+    --draft-vocab. Fills in the drafters shipped for --model and its draft vocabulary."""
+    shipped = args.drafter is None
+    for attr, name in (("drafter", "dspark"), ("mtp1_drafter", "mtp1")):
+        if getattr(args, attr) is None:
+            setattr(args, attr, shipped_drafter(args.model, name) or ASSETS / "drafters" / name)
+    if not (Path(args.drafter) / "drafter_config.json").is_file():
+        p.error(f"--drafter {args.drafter}: no drafter there (no drafter_config.json)")
+    try:
+        dirs = [Path(args.drafter)] + ([Path(args.mtp1_drafter)] if Path(args.mtp1_drafter).exists() else [])
+        args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model, shipped, dirs)
+    except ValueError as e:
+        p.error(str(e))
+    if args.prompts is not None and not (args.prompts / "manifest.json").is_file():
+        p.error(f"--prompts {args.prompts} is no prompt set (no manifest.json); build one with "
+                f"`python -m dspark_kernels.train.prompts --out {args.prompts}`")
     known = (*POLICY_NAMES, *GATED_POLICY_NAMES)
     unknown = [n for n in args.policies if n not in known]
     if unknown:
@@ -464,13 +493,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "profile")
     p.add_argument("--model", type=model_source, default="dspark-target",
                    help="target: a registry name, an HF model directory or a GGUF file (default: the shipped target)")
-    p.add_argument("--drafter", type=Path, default=ASSETS / "drafters" / "dspark",
-                   help="DSpark drafter directory (the confidence policies read its calibrated head)")
+    p.add_argument("--drafter", type=Path, default=None,
+                   help="DSpark drafter directory (the confidence policies read its calibrated head; default: the one "
+                        "shipped for --model, else the small target's)")
     p.add_argument("--policies", nargs="+", default=list(POLICY_NAMES),
                    help="verify policies to compare (none, mtp1, fixedK, threshold0.5, smartspec, dspark, "
                         "dspark_prod, oracle, and the +gate variants)")
-    p.add_argument("--mtp1-drafter", type=Path, default=ASSETS / "drafters" / "mtp1",
-                   help="live: the drafter the mtp1 policy runs with, at gamma 1 (missing: --drafter's first draft)")
+    p.add_argument("--mtp1-drafter", type=Path, default=None,
+                   help="live: the drafter the mtp1 policy runs with, at gamma 1 (default: the one shipped for "
+                        "--model, else the small target's; missing: --drafter's first draft)")
+    p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="chat prompts: a prompt-set directory (python -m dspark_kernels.train.prompts); its held-out "
+                        "prompts of every domain, interleaved, rendered through the target's chat template (instead "
+                        "of --corpus windows)")
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=None,
                    help=f"default live {list(LIVE_CONCURRENCY)}, replay {list(REPLAY_CONCURRENCY)}")
     p.add_argument("--gamma", type=positive_int, default=7,

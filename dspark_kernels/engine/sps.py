@@ -405,8 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     import argparse
     import sys
 
-    from ..cli_args import missing_inputs_are_usage_errors, model_source
+    from ..cli_args import DRAFT_VOCAB_HELP, draft_vocab_choice, missing_inputs_are_usage_errors, model_source
     from ..drafters import check_gamma, load_drafter
+    from ..models.registry import shipped_drafter
     from ..models.transformer import load_model
 
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)
@@ -425,6 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "<model>+<drafter>-rounds and <model>+<drafter>-rounds-w1)")
     p.add_argument("--max-requests", type=int, default=64, help="with --drafter: R = 1..max-requests")
     p.add_argument("--gamma", type=int, default=7, help="with --drafter: draft tokens per request")
+    p.add_argument("--draft-vocab", type=int, default=None, help=f"with --drafter: {DRAFT_VOCAB_HELP}")
     p.add_argument("--out-dir", type=Path, action="append", help=f"where to save (repeatable; default {SPS_DIR})")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run, not a real profile)")
     args = p.parse_args(argv)
@@ -441,9 +443,16 @@ def main(argv: Sequence[str] | None = None) -> int:
               "Nothing was written (use --device cpu for a smoke run).", file=sys.stderr)
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.drafter is not None:
+        shipped = args.drafter.resolve() == (shipped_drafter(args.target, args.drafter.name) or Path()).resolve()
+        try:
+            args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.target, shipped, [args.drafter])
+        except ValueError as e:
+            p.error(str(e))
     with missing_inputs_are_usage_errors(p):  # both loaded (and checked) before anything is measured or written
         model = load_model(args.target, dtype=dtype, device=device)
-        drafter = None if args.drafter is None else load_drafter(args.drafter, model, dtype=dtype)
+        drafter = None if args.drafter is None else load_drafter(args.drafter, model, dtype=dtype,
+                                                                    draft_vocab=args.draft_vocab)
     positions = model.config.max_position_embeddings
     if positions is not None and args.context + args.tokens_per_request > positions:
         p.error(f"--context {args.context} + --tokens-per-request {args.tokens_per_request} exceeds the target's "
