@@ -195,6 +195,7 @@ class Engine:
         self.pending: list[int] = []
         self.live: list[int] = []
         self.steps = 0
+        self.scheduler_s = self.round_s = 0.0  # with a clock: time in the policy's calls, and in the rounds
         self._next_id = 0
         self._pending = PendingContext()
         self._metrics = _Metrics(gamma, self.device)
@@ -370,15 +371,22 @@ class Engine:
             self._end(aborted, "aborted", time.perf_counter())
         return aborted
 
+    def _scheduled(self, call, *args):
+        """``call(*args)`` of the policy, its time (with a clock) added to ``scheduler_s``."""
+        start = self._now()
+        out = call(*args)
+        self.scheduler_s += self._now() - start
+        return out
+
     def _round(self, live: list[int]) -> list[int]:
         """One draft/verify round of the live requests ``live``; returns the ones that finished."""
         r, dev, gamma = len(live), self.device, self.gamma
         t_round = self._now()
         samp = self._sampling(live)
         anchors = torch.tensor([self.requests[i].tokens[-1] for i in live], dtype=torch.int64, device=dev)
-        drafting = self.policy.drafts(live, self.steps)
+        drafting = self._scheduled(self.policy.drafts, live, self.steps)
         if drafting:
-            width = self.policy.draft_width(live, self.steps)
+            width = self._scheduled(self.policy.draft_width, live, self.steps)
             if not (is_int(width) and 1 <= width <= gamma):
                 raise PolicyError(f"policy {self.policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
             backlog = self._pending.longest(live) > gamma + 1
@@ -388,7 +396,7 @@ class Engine:
                 context, t_round = None, self._now()
             drafted = draft(self.drafter, self.dstate, live, anchors, width, samp, self.impl, context=context)
             conf = None if drafted.confidence_logits is None else drafted.confidence_logits.view(r, width)
-            lens = self.policy.choose(conf, live, self.steps).to(dev, torch.int64)
+            lens = self._scheduled(self.policy.choose, conf, live, self.steps).to(dev, torch.int64)
         else:  # a plain decode step: nothing drafted, nothing to verify
             width, drafted = 1, no_drafts(r, 1, dev)
             conf, lens = None, torch.zeros(r, dtype=torch.int64, device=dev)
@@ -396,16 +404,17 @@ class Engine:
         rnd = verify_round(self.target, self.drafter, self.tcache, live, anchors, drafted, lens, width, samp,
                            accept_counter=m.pos_accepted[:width], impl=self.impl)
         self._pending.add(live, rnd.kept)
-        self.policy.observe(rnd.num_accepted, lens)
+        self._scheduled(self.policy.observe, rnd.num_accepted, lens)
         m.record(torch.tensor(live, dtype=torch.int64, device=dev), lens, rnd.num_accepted, conf)
         self.steps += 1
         for i, tokens in zip(live, rnd.emitted):
             self.requests[i].tokens.extend(tokens)
             self.requests[i].rounds += 1
         seconds = self._now() - t_round
+        self.round_s += seconds
         finished = self._finish(live, time.perf_counter())
         if self.clock is not None:
-            self.policy.observe_round(r, drafting, seconds)
+            self._scheduled(self.policy.observe_round, r, drafting, seconds)
         self.live = [i for i in live if i not in finished]
         self._stream(live)
         return finished
@@ -417,7 +426,8 @@ class Engine:
         Per request (``requests[rid]``): tokens, rounds, ``accept_hist``, ``verified``/``accepted``/``rejected``
         drafts, ``tau``, ``tokens_per_s`` (tokens / (finish - admission), finished requests only). Totals: ``tau``
         (mean accepted drafts + 1 per request-round: the accepted length with the correction/bonus token),
-        ``verified_per_round``, ``rejected_per_round``, ``waste`` = rejected / verified, ``acceptance_by_position``
+        ``verified_per_round``, ``rejected_per_round``, ``waste`` = rejected / verified, ``scheduler_s`` / ``round_s``
+        (with a clock: seconds in the policy's calls / in the rounds), ``acceptance_by_position``
         (P(draft j + 1 accepted | drafts 1..j accepted and draft j + 1 verified)), and the calibration pairs. All
         count the verifier's verdicts (module docstring).
         """
@@ -437,6 +447,7 @@ class Engine:
         rounds, verified, accepted = int(hist.sum()), int(ver.sum()), int(acc.sum())
         return {
             "requests": per, "rounds": rounds, "steps": self.steps,
+            "scheduler_s": self.scheduler_s, "round_s": self.round_s,
             "tau": (accepted + rounds) / rounds if rounds else float("nan"),
             "verified_per_round": verified / rounds if rounds else float("nan"),
             "rejected_per_round": (verified - accepted) / rounds if rounds else float("nan"),
