@@ -46,7 +46,7 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     sv = importlib.import_module(ops + "survival")._DEFAULTS
     att = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, DOT_F32=False, PRECISION="tf32")
     io = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "KB", "VB", "KC", "VC")},
-          **{n: "*i32" for n in ("PT", "CU", "SL", "CL")}, **{n: "*fp32" for n in ("MS", "LS", "AS")},
+          **{n: "*i32" for n in ("PT", "CU", "SL", "CL", "TE")}, **{n: "*fp32" for n in ("MS", "LS", "AS")},
           "qk_scale": "fp32"}
 
     def launch(cfg: dict) -> dict:
@@ -59,7 +59,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     for bucket, cfg in va.items():
         for splits in (1, 32) if bucket == "decode" else (1,):
             specs.append(("verify_attention", "_verify_attention_kernel", io,
-                          {**att, **blocks(cfg), "ALIGNED": False, "NUM_SPLITS": splits}, launch(cfg)))
+                          {**att, **blocks(cfg), "ALIGNED": False, "NUM_SPLITS": splits,
+                           "FLAT": bucket == "prefill"}, launch(cfg)))
     specs.append(("_flash", "_merge_splits_kernel", io, dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32),
                   {"num_warps": 4}))
     for block_m in (dba["BLOCK_M"], 32, 64, 128):  # the launcher grows BLOCK_M to a whole block (gamma x group)

@@ -7,8 +7,8 @@ must read once, every output once); ``bytes_moved / min_bytes`` is how far the k
 
 The shapes are an 8B-class target's (32 query heads, 8 KV heads, head dim 128, bf16 logits and K/V, vocabulary
 151,936) at batch 8 unless a case says otherwise.
-``--vocab`` sets the sampling cases' vocabulary. The rejection-sampling cases run at 1/8 of it (18,992: their
-bisections make ~60 passes over each row, which the interpreter walks tile by tile in Python); the rows say so in
+``--vocab`` sets the sampling cases' vocabulary. The rejection-sampling cases run at 1/8 of it (18,992: with top-k
+and top-p they make 17 passes over each row, which the interpreter walks tile by tile in Python); the rows say so in
 ``shape.V``, and ``min_bytes`` is for the vocabulary counted.
 
 CLI (about 20 minutes on 2 cores)::
@@ -68,13 +68,16 @@ def rejection_case(r: int, gamma: int, top_k: int, top_p: float, v: int) -> tupl
             lambda: rejection_sample(**batch, impl="triton", check_inputs=False), min_bytes)
 
 
-def verify_case(r: int, q_len: int, ctx: int, v: int) -> tuple[dict, callable, int]:
-    """Paged attention of ``q_len`` new tokens per request over ``ctx`` cached ones (decode: ``q_len`` 1). Minimum:
-    Q once, each request's K and V once, O once (``v`` unused: the attention cases have no vocabulary)."""
-    args = make_paged_batch([q_len] * r, [ctx] * r, HQ, HKV, D, 16, dtype=BF16)
-    min_bytes = 2 * (2 * r * q_len * HQ * D + 2 * r * ctx * HKV * D)
-    return ({"R": r, "q_len": q_len, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D, "dtype": "bfloat16"},
-            lambda: verify_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=q_len), min_bytes)
+def verify_case(r: int, q_len: int, ctx: int, v: int, prefill: int = 0) -> tuple[dict, callable, int]:
+    """Paged attention of ``q_len`` new tokens per request over ``ctx`` cached ones (decode: ``q_len`` 1), plus, with
+    ``prefill``, one more request prefilling that many tokens (a ragged batch). Minimum: Q once, each request's K and
+    V once, O once (``v`` unused: the attention cases have no vocabulary)."""
+    q_lens, kv_lens = [q_len] * r + ([prefill] if prefill else []), [ctx] * r + ([prefill] if prefill else [])
+    args = make_paged_batch(q_lens, kv_lens, HQ, HKV, D, 16, dtype=BF16)
+    min_bytes = 2 * (2 * sum(q_lens) * HQ * D + 2 * sum(kv_lens) * HKV * D)
+    return ({"R": len(q_lens), "q_len": q_len, "prefill": prefill, "ctx": ctx, "hq": HQ, "hkv": HKV, "d": D,
+             "dtype": "bfloat16"},
+            lambda: verify_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=max(q_lens)), min_bytes)
 
 
 def draft_block_case(r: int, gamma: int, ctx: int, v: int) -> tuple[dict, callable, int]:
@@ -93,6 +96,8 @@ CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size
     "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample", lambda v: rejection_case(8, 7, 50, 0.9, v // 8)),
     "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda v: verify_case(1, 1, 4096, v)),
     "verify_attention verify 8 R=8 ctx 4k": ("verify_attention", lambda v: verify_case(8, 8, 4096, v)),
+    "verify_attention prefill 256 among 7 decodes ctx 1k": ("verify_attention",
+                                                            lambda v: verify_case(7, 1, 1024, v, prefill=256)),
     "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda v: draft_block_case(64, 7, 4096, v)),
 }
 

@@ -35,12 +35,14 @@ def build(module, name, types, consts):
 for dt in ("bf16", "fp16", "fp32"):
     att = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_M=16, BLOCK_N=64, PAGE_SIZE=16, DOT_F32=False,
                PRECISION="ieee" if dt == "fp32" else "tf32")
-    idx = {n: "*i32" for n in ("PT", "CU", "SL", "CL")}
+    idx = {n: "*i32" for n in ("PT", "CU", "SL", "CL", "TE")}
     parts = {n: "*fp32" for n in ("MS", "LS", "AS")}
-    for aligned, splits in ((False, 1), (True, 1), (False, 32)):  # default, batch-invariant, split-KV launches
+    # default, batch-invariant, split-KV, ragged (enumerated tiles) launches
+    for aligned, splits, flat in ((False, 1, False), (True, 1, False), (False, 32, False), (False, 1, True),
+                                  (True, 1, True)):
         build("verify_attention", "_verify_attention_kernel",
               {**{n: "*" + dt for n in ("Q", "K", "V", "Out")}, **idx, **parts, "qk_scale": "fp32"},
-              {**att, "ALIGNED": aligned, "NUM_SPLITS": splits})
+              {**att, "ALIGNED": aligned, "NUM_SPLITS": splits, "FLAT": flat})
     build("_flash", "_merge_splits_kernel", {**parts, "Out": "*" + dt},
           dict(NUM_SPLITS=32, HEAD_DIM=128, BLOCK_D=128, BLOCK_S=32))
     for splits, block_m in ((1, 32), (16, 64)):

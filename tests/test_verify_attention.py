@@ -1,5 +1,6 @@
 """verify_attention: Triton (interpreted on CPU) vs the PyTorch reference, a dense oracle, and bad input."""
 
+import importlib
 import math
 
 import pytest
@@ -68,7 +69,33 @@ CASES = [
     pytest.param([37], [37], 2, 2, 64, 16, id="prefill-odd"),
     pytest.param([16, 1], [300, 513], 4, 1, 128, 32, id="long-context"),
     pytest.param([8, 1], [2500, 1200], 8, 2, 128, 16, id="thousands-of-tokens"),
+    pytest.param([40, 1, 1, 0, 1, 1], [60, 5, 17, 3, 1, 9], 8, 2, 64, 8, id="prefill-among-decodes"),
 ]
+
+
+@pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)
+@pytest.mark.parametrize("ratio", [0.0, 1e9], ids=["enumerated-tiles", "padded-grid"])
+def test_both_grids_match_the_reference(q_lens, kv_lens, hq, hkv, d, page_size, ratio, monkeypatch):
+    """The enumerated-tile grid (the kernel's FLAT path, forced with ratio 0) and the padded grid (forced with a huge
+    ratio) give the reference's output on every case, ragged ones included."""
+    module = importlib.import_module("dspark_kernels.ops.verify_attention")
+
+    monkeypatch.setattr(module, "FLAT_GRID_RATIO", ratio)
+    args = make_paged_batch(q_lens, kv_lens, hq, hkv, d, page_size)
+    torch.testing.assert_close(verify_attention(*args, impl="triton"), verify_attention(*args, impl="torch"),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_pinned_launch_bits_do_not_depend_on_the_grid(monkeypatch):
+    """Batch-invariant (aligned) launches give the same bits on the enumerated and the padded grid."""
+    module = importlib.import_module("dspark_kernels.ops.verify_attention")
+
+    args = make_paged_batch([13, 1, 2, 1], [40, 7, 20, 33], 8, 2, 64, 8)
+    outs = []
+    for ratio in (0.0, 1e9):
+        monkeypatch.setattr(module, "FLAT_GRID_RATIO", ratio)
+        outs.append(verify_attention(*args, impl="triton", plan=module.PINNED_LAUNCH))
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("q_lens,kv_lens,hq,hkv,d,page_size", CASES)

@@ -121,7 +121,19 @@ _DEFAULTS = {
 }
 
 
-_MAX_GRID_Z = 65535  # CUDA's limit on grid axis 2 (the request axis)
+_MAX_GRID_Z = 65535  # CUDA's limit on grid axis 2 (the request axis of the padded grid)
+FLAT_GRID_RATIO = 1.25  # the padded grid's tiles over the enumerated ones above which a launch enumerates
+
+
+def _tile_ends(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, group: int, block_m: int,
+               aligned: bool) -> torch.Tensor:
+    """``[R]`` int32: the running total of query tiles after each request (``ceil((q_len + shift) * group /
+    block_m)`` tiles each, ``shift`` the aligned tiles' leading padding); device ops, no host sync."""
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).long()
+    rows = q_lens
+    if aligned:
+        rows = rows + (seq_lens.long() - q_lens) % (block_m // group)
+    return torch.cumsum(-(-(rows * group) // block_m), 0).to(torch.int32)
 
 
 @dataclass(frozen=True)
@@ -138,15 +150,16 @@ PINNED_LAUNCH = PinnedLaunch(MappingProxyType(dict(_DEFAULTS["decode"])))
 
 @triton.jit
 def _verify_attention_kernel(
-    Q, K, V, Out, PT, CU, SL, MS, LS, AS,
+    Q, K, V, Out, PT, CU, SL, MS, LS, AS, TE,
     qk_scale,
     stride_qt, stride_qh,
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh,
     stride_pt,
-    total_q, num_heads, split_len,
+    total_q, num_heads, split_len, num_req,
     NUM_SPLITS: tl.constexpr,
+    FLAT: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -169,11 +182,29 @@ def _verify_attention_kernel(
     ``[split * split_len, (split + 1) * split_len)`` and writes its unnormalised partial state (running max ``MS``,
     denominator ``LS`` ``[NUM_SPLITS, total_q, Hq]``, accumulator ``AS`` ``[NUM_SPLITS, total_q, Hq, D]``, fp32) for
     :func:`~._flash.merge_splits`; a split past the row's last key writes max -inf and zeros.
+
+    ``FLAT`` (ragged batches): axis 0 enumerates every request's query tiles back to back instead of padding each
+    request to the longest one; ``TE [R]`` (int32) holds the running total of tiles after each request, and a program
+    finds its request by binary search. Otherwise axis 0 is the tile and axis 2 the request.
     """
-    mb = tl.program_id(0)  # query tiles on axis 0 (up to 2^31 - 1 of them: a long prefill has many)
     kvh = tl.program_id(1) // NUM_SPLITS
     split = tl.program_id(1) % NUM_SPLITS
-    r = tl.program_id(2)  # requests on axis 2 (CUDA allows 65535 there)
+    if FLAT:
+        tile = tl.program_id(0)
+        if tile >= tl.load(TE + num_req - 1):
+            return
+        lo = 0
+        hi = num_req - 1
+        while lo < hi:  # the first request whose running total passes the tile
+            mid = (lo + hi) // 2
+            past = tl.load(TE + mid) > tile
+            hi = tl.where(past, mid, hi)
+            lo = tl.where(past, lo, mid + 1)
+        r = lo
+        mb = tile - tl.load(TE + r - 1, mask=r > 0, other=0)
+    else:
+        mb = tl.program_id(0)  # query tiles on axis 0 (up to 2^31 - 1 of them: a long prefill has many)
+        r = tl.program_id(2)  # requests on axis 2 (CUDA allows 65535 there)
     q_start = tl.load(CU + r).to(tl.int64)
     q_len = tl.load(CU + r + 1).to(tl.int64) - q_start
     kv_len = tl.load(SL + r).to(tl.int64)
@@ -234,7 +265,10 @@ def verify_attention_triton(
     """Launch the Triton kernel; same contract as :func:`verify_attention_ref`.
 
     ``max_seqlen_q`` (the longest query of the batch) sizes the grid; when omitted it is read from
-    ``cu_seqlens_q`` (one host sync). When query tiles x KV heads x requests would not fill the GPU's SMs, the keys are
+    ``cu_seqlens_q`` (one host sync). A ragged batch, whose grid padded to the longest query would hold more than
+    ``FLAT_GRID_RATIO`` times the tiles it needs (bounded from ``total_q`` and the request count, no host sync),
+    enumerates its tiles instead (the kernel's ``FLAT`` path, with a tile table of a few device ops).
+    When query tiles x KV heads x requests would not fill the GPU's SMs, the keys are
     split (:func:`kv_splits`, from the page table's width, no host sync) over more programs whose partial states a
     second launch merges by log-sum-exp.
 
@@ -266,26 +300,29 @@ def verify_attention_triton(
         rows += block_m - group
     q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens = map(
         unit_inner_stride, (q, k_cache, v_cache, page_table, cu_seqlens_q, seq_lens))
-    if n_req > _MAX_GRID_Z:
-        raise ValueError(f"verify_attention launches one program column per request: at most {_MAX_GRID_Z} requests "
-                         f"per call, got {n_req}")
     q_tiles = triton.cdiv(rows, block_m)
+    # a ragged batch (a prefill among decodes) enumerates its tiles instead of padding every request to the longest:
+    # at most one partial tile per request (two with aligned tiles' leading padding)
+    flat_tiles = triton.cdiv(total_q * group, block_m) + (2 if pinned is not None else 1) * n_req
+    flat = q_tiles * n_req > FLAT_GRID_RATIO * flat_tiles or n_req > _MAX_GRID_Z
+    tile_end = _tile_ends(cu_seqlens_q, seq_lens, group, block_m, pinned is not None) if flat else seq_lens
+    tiles = flat_tiles if flat else q_tiles * n_req
     splits, split_len = 1, 0
     if pinned is None:  # a batch-invariant launch folds every key in one program, in one order
-        splits, split_len = kv_splits(q_tiles * hkv * n_req, page_table.shape[1] * page_size, cfg["BLOCK_N"],
-                                      num_sms(q.device))
+        splits, split_len = kv_splits(tiles * hkv, page_table.shape[1] * page_size, cfg["BLOCK_N"], num_sms(q.device))
     ms, ls, acc = split_buffers(splits, total_q, hq, head_dim, out)
-    grid = (q_tiles, hkv * splits, n_req)
+    grid = (flat_tiles, hkv * splits, 1) if flat else (q_tiles, hkv * splits, n_req)
     _verify_attention_kernel[grid](
-        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens, ms, ls, acc,
+        q, k_cache, v_cache, out, page_table, cu_seqlens_q, seq_lens, ms, ls, acc, tile_end,
         sm_scale * 1.4426950408889634,  # log2(e): the kernel uses exp2
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         out.stride(0), out.stride(1),
         page_table.stride(0),
-        total_q, hq, split_len,
+        total_q, hq, split_len, n_req,
         NUM_SPLITS=splits,
+        FLAT=flat,
         PAGE_SIZE=page_size,
         GROUP=group,
         HEAD_DIM=head_dim,
