@@ -8,8 +8,9 @@ from dspark_kernels.train.drafter_data import forward_outputs, target_logits
 
 
 def exact_marginals(target, prompt: list[int], steps: int, temperature: float,
-                    pairs: dict | None = None) -> list[torch.Tensor]:
-    """Exact distribution ``[V]`` (float64) of generated tokens 1..steps, enumerating prefixes with mass > 1e-6.
+                    pairs: dict | None = None, min_mass: float = 1e-6) -> list[torch.Tensor]:
+    """Exact distribution ``[V]`` (float64) of generated tokens 1..steps, enumerating prefixes with mass > ``min_mass``
+    (the pruned mass is missing from later marginals: the chi-square pools it with the rare tokens).
     ``pairs`` (a dict, filled when given and ``steps >= 2``): the joint probability of each first-two-token prefix
     ``(t1, t2)`` kept by that enumeration."""
     prefixes = {(): 1.0}
@@ -24,7 +25,7 @@ def exact_marginals(target, prompt: list[int], steps: int, temperature: float,
         nxt = {}
         for (p, w), row in zip(items, probs):
             marginal += w * row
-            for tok in torch.nonzero(row * w > 1e-6).flatten().tolist():
+            for tok in torch.nonzero(row * w > min_mass).flatten().tolist():
                 nxt[p + (tok,)] = w * float(row[tok])
         marginals.append(marginal)
         prefixes = nxt
@@ -38,9 +39,15 @@ def assert_follows_target(target, prompt: list[int], outputs: list[list[int]], t
     """Chi-square (p > 1e-3) of the tokens at each of the first ``steps`` positions of ``outputs`` against the exact
     marginals, and (``steps >= 2``) of the first two tokens' pairs against their exact joint; tokens or pairs with
     expected count < 5 are pooled into one bin."""
-    n = len(outputs)
     pairs: dict = {}
-    for pos, exact in enumerate(exact_marginals(target, prompt, steps, temperature, pairs)):
+    assert_follows_marginals(exact_marginals(target, prompt, steps, temperature, pairs), pairs, outputs)
+
+
+def assert_follows_marginals(marginals: list[torch.Tensor], pairs: dict, outputs: list[list[int]]) -> None:
+    """:func:`assert_follows_target` against marginals (and pairs) :func:`exact_marginals` computed once."""
+    n = len(outputs)
+    steps = len(marginals)
+    for pos, exact in enumerate(marginals):
         counts = torch.bincount(torch.tensor([t[pos] for t in outputs]), minlength=exact.numel()).double()
         expected = exact * n
         big = expected >= 5
