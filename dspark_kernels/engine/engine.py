@@ -195,7 +195,7 @@ class Engine:
         self.pending: list[int] = []
         self.live: list[int] = []
         self.steps = 0
-        self.scheduler_s = self.round_s = 0.0  # with a clock: time in the policy's calls, and in the rounds
+        self.scheduler_s = self.round_s = 0.0  # with a clock: wall time in the policy's calls; the rounds' clock time
         self._next_id = 0
         self._pending = PendingContext()
         self._metrics = _Metrics(gamma, self.device)
@@ -372,10 +372,13 @@ class Engine:
         return aborted
 
     def _scheduled(self, call, *args):
-        """``call(*args)`` of the policy, its time (with a clock) added to ``scheduler_s``."""
-        start = self._now()
+        """``call(*args)`` of the policy; with a clock, its wall time (``time.perf_counter``, so the rounds' clock
+        reads stay two a round) is added to ``scheduler_s``."""
+        if self.clock is None:
+            return call(*args)
+        start = time.perf_counter()
         out = call(*args)
-        self.scheduler_s += self._now() - start
+        self.scheduler_s += time.perf_counter() - start
         return out
 
     def _round(self, live: list[int]) -> list[int]:
