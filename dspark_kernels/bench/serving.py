@@ -265,7 +265,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
                 "tau": out["tau"], "verified_tokens": out["verified_per_round"],
                 "rejected_tokens": out["rejected_per_round"], "waste": out["waste"], "steps": out["steps"],
                 "requests": len(speeds), "elapsed_s": out["elapsed_s"], "prompts": source,
-                # the policy's own calls, per round and as a share of the rounds' time (the engine's clock)
+                # the policy's own calls (wall time), per round and as a share of the rounds' time
                 "scheduler_ms_per_round": 1e3 * out["scheduler_s"] / max(out["steps"], 1),
                 "scheduler_share": out["scheduler_s"] / out["round_s"] if out["round_s"] > 0 else 0.0,
                 "acceptance_by_position": out["acceptance_by_position"],
