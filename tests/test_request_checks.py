@@ -2,6 +2,7 @@
 stop tokens, sampling parameters, positions, gamma, and logits that are not finite."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -206,10 +207,11 @@ def test_a_temperature_too_small_for_the_logits_is_an_error_in_every_decode_loop
     with pytest.raises(ValueError, match=r"temperature 1e-42 of request 0 is too small for its logits"):
         speculative_generate(target, drafter, [prompt], 4, 3, temperature=1e-42, seeds=[0])
     engine = Engine(target, drafter, make_policy("fixed3"), flat_profile(16, 10.0), 3, max_batch=2, max_seq_len=32)
-    engine.add_request(prompt, 4, temperature=1e-42, seed=0)
-    with pytest.raises(ValueError, match=r"temperature 1e-42 of request \d+ is too small"):
-        while engine.has_work:
-            engine.step()
+    rid = engine.add_request(prompt, 4, temperature=1e-42, seed=0)
+    while engine.has_work:  # the forward's check fails the request, naming the temperature
+        engine.step()
+    assert engine.requests[rid].reason == "error"
+    assert re.search(r"temperature 1e-42 of request \d+ is too small", engine.requests[rid].error)
     with pytest.raises(ValueError, match="rounds to 0 in float32"):
         generate(target, [prompt], 1, temperature=1e-46, seeds=[0])
     assert len(generate(target, [prompt], 3, temperature=1e-3, seeds=[0]).tokens[0]) == 3

@@ -51,17 +51,13 @@ from ..models import CausalLM
 from ..ops._validate import is_int
 from ..request_checks import check_requests
 from ..sampling import INT32_MAX, Sampling, as_int, check_sampling
-from .policies import Policy
+from .policies import Policy, PolicyError
 from .rounds import PendingContext, draft, finish_reason, no_drafts, prefill, verify_round
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
 
 __all__ = ["Engine", "PolicyError", "Request", "run_closed_loop"]
-
-
-class PolicyError(ValueError):
-    """A policy's answer outside its contract (a bug to surface, not a fault that fails the round's requests)."""
 
 
 @dataclass

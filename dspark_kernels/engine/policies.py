@@ -72,8 +72,8 @@ from ..ops.survival import (
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
 
-__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "SmartSpec", "Threshold", "best_common_length",
-           "drafting_gain", "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
+__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "PolicyError", "SmartSpec", "Threshold",
+           "best_common_length", "drafting_gain", "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
@@ -104,6 +104,11 @@ def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], 
     rate of :func:`best_common_length` over drafting lengths ``k >= 1``, over the plain step's ``r * rate(0)[r]``."""
     return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
 
+
+
+class PolicyError(ValueError):
+    """A policy used outside its contract (a width outside the block, a drafter without the confidence head it
+    needs): raised by the engine's step, not taken for a fault that fails the round's requests."""
 
 class Policy:
     """Base class: binding to the SPS profile, input checks, and the no-op ``observe``."""
@@ -169,7 +174,7 @@ class Policy:
 
     def _confidence(self, conf_logits: torch.Tensor | None, r: int) -> torch.Tensor:
         if conf_logits is None:
-            raise ValueError(f"policy {self.name!r} needs a drafter with a confidence head (got no confidences)")
+            raise PolicyError(f"policy {self.name!r} needs a drafter with a confidence head (got no confidences)")
         if conf_logits.dim() != 2 or conf_logits.shape[0] != r or not 1 <= conf_logits.shape[1] <= self.gamma:
             raise ValueError(f"conf_logits must be [R, width] with R = {r} and width in 1..gamma = {self.gamma}, got "
                              f"{list(conf_logits.shape)}")
