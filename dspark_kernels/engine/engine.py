@@ -65,7 +65,8 @@ class Request:
     """One request's parameters and state; ``tokens``: its new tokens; ``rounds``: its noise counter (prefill = 0);
     ``t_start``/``t_end``: wall clock at admission (its prefill step) and at finishing; ``reason``: None while it
     runs, then "eos", "length", "aborted" or "error" (``error``: the exception); ``on_tokens(rid, new_tokens,
-    reason)``: its streaming callback, ``streamed`` the tokens it has been given."""
+    reason)``: its streaming callback, ``streamed`` the tokens it has been given; ``pages``: the KV pages its worst
+    case (prompt + max_new_tokens + gamma + 1 tokens) reserves at admission."""
 
     rid: int
     prompt: list[int]
@@ -83,6 +84,7 @@ class Request:
     on_tokens: Callable[[int, list[int], str | None], None] | None = None
     streamed: int = 0
     error: str | None = None
+    pages: int = 0
 
 
 class _Metrics:
@@ -214,13 +216,14 @@ class Engine:
         if need > self.max_seq_len:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) + gamma + 1 = {need} "
                              f"exceeds max_seq_len = {self.max_seq_len}")
-        if self._pages_for(need) > self.kv_pages:
-            raise ValueError(f"prompt + max_new_tokens + gamma + 1 = {need} tokens need {self._pages_for(need)} pages, "
+        pages = -(-need // self.page_size)
+        if pages > self.kv_pages:
+            raise ValueError(f"prompt + max_new_tokens + gamma + 1 = {need} tokens need {pages} pages, "
                              f"more than the KV pools hold (kv_pages = {self.kv_pages})")
         rid = self._next_id
         self._next_id += 1
         self.requests[rid] = Request(rid, prompt, max_new_tokens, float(temperature), int(top_k), float(top_p),
-                                     seed, stop, on_tokens=on_tokens)
+                                     seed, stop, on_tokens=on_tokens, pages=pages)
         self.pending.append(rid)
         self._metrics.ensure(rid)
         return rid
@@ -253,9 +256,6 @@ class Engine:
     def free_pages(self) -> int:
         """Pages of the KV pools not reserved by an admitted request."""
         return self.kv_pages - sum(self._reserved.values())
-
-    def _pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_size)
 
     def _release(self, rid: int) -> None:
         """Free ``rid``'s target and drafter pages, its pending drafter context and its reservation (whatever it
@@ -306,11 +306,9 @@ class Engine:
         worst case fits in the unreserved pages. Returns the ones that finished on their first token, or failed."""
         room, free, new = self.max_batch - len(self.live), self.free_pages, []
         for i in self.pending[:room]:
-            req = self.requests[i]
-            need = self._pages_for(len(req.prompt) + req.max_new_tokens + self.gamma + 1)
-            if need > free:
+            if self.requests[i].pages > free:
                 break
-            free -= need
+            free -= self.requests[i].pages
             new.append(i)
         self.pending = self.pending[len(new):]
         if not new:
@@ -321,7 +319,7 @@ class Engine:
                 req.t_start = now
                 self.tcache.add_request(i)
                 self.drafter.add_request(self.dstate, i)
-                self._reserved[i] = self._pages_for(len(req.prompt) + req.max_new_tokens + self.gamma + 1)
+                self._reserved[i] = req.pages
             first = prefill(self.target, self.drafter, self.tcache, self.dstate, new,
                             [self.requests[i].prompt for i in new], self._sampling(new), self.impl,
                             defer=lambda kept: self._pending.add(new, kept))

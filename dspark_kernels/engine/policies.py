@@ -105,10 +105,10 @@ def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], 
     return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
 
 
-
 class PolicyError(ValueError):
     """A policy used outside its contract (a width outside the block, a drafter without the confidence head it
     needs): raised by the engine's step, not taken for a fault that fails the round's requests."""
+
 
 class Policy:
     """Base class: binding to the SPS profile, input checks, and the no-op ``observe``."""

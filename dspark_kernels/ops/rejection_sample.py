@@ -364,6 +364,11 @@ def _draw_kernel(draft_ids_ptr, cu_ptr, draft_probs_ptr, logits_ptr, temp_ptr, n
 
 
 # -------------------------------------------------------------------------------------------------------- launcher
+def _or_dummy(x: torch.Tensor | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An optional tensor argument of a launch: itself (contiguous), or a one-element stand-in a kernel never reads."""
+    return x.contiguous() if x is not None else torch.zeros(1, dtype=dtype, device=device)
+
+
 class TargetRowStats(NamedTuple):
     """Per target row ``[rows]``: ``row_max`` (max of the scaled logits), ``row_z`` (the kept mass
     ``sum(e)``, stochastic rows), ``row_arg`` (lowest argmax, int32), and the cuts as keys, 0 = keep all:
@@ -398,8 +403,7 @@ def target_row_stats(logits: torch.Tensor, row_req: torch.Tensor, temp: torch.Te
                                CHUNKS_P2=chunks_p2, num_warps=1)
     if top_k is None and top_p is None:
         return stats
-    tk = top_k.contiguous() if top_k is not None else torch.zeros(1, **i64)
-    tp = top_p.contiguous() if top_p is not None else torch.ones(1, **f32)
+    tk, tp = _or_dummy(top_k, torch.int64, dev), _or_dummy(top_p, torch.float32, dev)
     hist = torch.empty((2, rows, n_chunks, 16), **f32)
     prefix, above = torch.zeros((LEVELS + 1, rows), **i64), torch.zeros((LEVELS + 1, rows), **f32)  # row 0: level 0's
     need = torch.empty(rows, **f32)
@@ -457,18 +461,13 @@ def rejection_sample_triton(
     n_chunks = triton.cdiv(v, chunk_v)
     stats = target_row_stats(logits, row_req.to(torch.int32), temp, top_k, top_p, cfg)
     f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
-    dummy_f, dummy_i = torch.zeros(1, **f32), torch.zeros(1, **i64)
-
-    def or_dummy(x: torch.Tensor | None, dummy: torch.Tensor) -> torch.Tensor:
-        return x.contiguous() if x is not None else dummy
-
     final_row = torch.empty(r, **i64)
     drafts, cu = draft_token_ids.contiguous(), cu_num_draft_tokens.contiguous()
-    dprobs = or_dummy(draft_probs, dummy_f)
+    dprobs = _or_dummy(draft_probs, torch.float32, dev)
     _accept_kernel[(r,)](
         drafts, cu, dprobs, logits, temp, stats.row_max, stats.row_z, stats.row_arg, stats.keep_key, stats.keep_bits,
-        or_dummy(accept_uniforms, dummy_f), out, num_acc, final_row, or_dummy(accept_counter, dummy_i),
-        or_dummy(draft_counter, dummy_i), v, out.stride(0),
+        _or_dummy(accept_uniforms, torch.float32, dev), out, num_acc, final_row,
+        _or_dummy(accept_counter, torch.int64, dev), _or_dummy(draft_counter, torch.int64, dev), v, out.stride(0),
         HAS_DRAFT_PROBS=draft_probs is not None, HAS_ACCEPT_COUNTER=accept_counter is not None,
         HAS_DRAFT_COUNTER=draft_counter is not None, num_warps=1,
     )
