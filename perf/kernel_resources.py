@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ARCHS = (80, 90)
 # pointer argument types of the rejection-sampling kernels (the logits are bf16)
 RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_z_ptr", "need_ptr", "above_ptr",
-           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr")
+           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr",
+           "cand_ptr")
 RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
           "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr")
-RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr")
+RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
 
 
 def _specs() -> list[tuple[str, str, dict, dict, dict]]:
@@ -70,15 +71,20 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
                       {**launch(dba), "num_warps": dba["num_warps"] if block_m <= 16 else max(dba["num_warps"], 8)}))
     rs_types = {"logits_ptr": "*bf16", **{n: "*fp32" for n in RS_FP32}, **{n: "*i64" for n in RS_I64},
                 **{n: "*i32" for n in RS_I32}}
-    chunks = blocks(rs) | {"CHUNKS_P2": 32}  # V = 151,936 in 19 chunks of 8192
-    specs.append(("rejection_sample", "_chunk_stats_kernel", rs_types, blocks(rs), launch(rs)))
+    tiles = {k: rs[k] for k in ("BLOCK_V", "CHUNK_V")}
+    chunks = tiles | {"CHUNKS_P2": 32}  # V = 151,936 in 19 chunks of 8192
+    filters = dict(HAS_TOP_K=True, HAS_TOP_P=True)
+    specs.append(("rejection_sample", "_chunk_stats_kernel", rs_types,
+                  {**tiles, **filters, "CANDIDATES": rs["CANDIDATES"]}, launch(rs)))
+    specs.append(("rejection_sample", "_cut_candidates_kernel", rs_types,
+                  {**filters, "CANDIDATES": rs["CANDIDATES"], "CHUNKS_P2": 32}, {"num_warps": 4}))
     specs.append(("rejection_sample", "_row_merge_kernel", rs_types, {"CHUNKS_P2": 32}, {"num_warps": 1}))
     for top_p in (False, True):
         specs.append(("rejection_sample", "_cut_level_kernel", rs_types,
                       dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, **chunks), launch(rs)))
     specs.append(("rejection_sample", "_accept_kernel", rs_types,
                   dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True), {"num_warps": 1}))
-    specs.append(("rejection_sample", "_last_chunk_sums_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, **blocks(rs)),
+    specs.append(("rejection_sample", "_last_chunk_sums_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, **tiles),
                   launch(rs)))
     specs.append(("rejection_sample", "_draw_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, RESID_EPS=1e-8, **chunks),
                   launch(rs)))

@@ -88,16 +88,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def record(benchmark, *, shapes: dict, bytes_moved: float, flops: float, impl: str) -> None:
+def record(benchmark, *, shapes: dict, bytes_moved: float, flops: float, impl: str,
+           min_bytes: float | None = None) -> None:
     """Attach shapes, bytes, FLOPs and (after the run, for a Triton benchmark on a GPU) achieved rates and % of peak
     to the record. ``device.ran_on`` says where the timed op ran: the Triton benchmarks on the GPU when there is one,
-    the PyTorch reference ones (``impl="torch"``) on the CPU, also on a GPU machine, so they get no GPU roofline."""
+    the PyTorch reference ones (``impl="torch"``) on the CPU, also on a GPU machine, so they get no GPU roofline.
+    ``min_bytes``: the traffic the op cannot avoid; on a GPU ``pct_min_bytes_roofline`` is the bandwidth floor of that
+    traffic as a % of the measured time (100 = at the roofline)."""
     info = device_info()
     on_gpu = info["cuda"] and impl == "triton"
     info["ran_on"] = info.get("gpu", "cuda") if on_gpu else info["cpu"]
     benchmark.extra_info.update(
         {"shapes": shapes, "bytes": float(bytes_moved), "flops": float(flops), "impl": impl, "device": info}
     )
+    if min_bytes is not None:
+        benchmark.extra_info["min_bytes"] = float(min_bytes)
     stats = getattr(benchmark, "stats", None)
     if stats is None or not on_gpu:
         return
@@ -108,3 +113,5 @@ def record(benchmark, *, shapes: dict, bytes_moved: float, flops: float, impl: s
     if peak is not None:
         benchmark.extra_info["pct_peak_bw"] = 100 * bytes_moved / median / peak[0]
         benchmark.extra_info["pct_peak_flops"] = 100 * flops / median / peak[1]
+        if min_bytes is not None:
+            benchmark.extra_info["pct_min_bytes_roofline"] = 100 * min_bytes / median / peak[0]

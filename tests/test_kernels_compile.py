@@ -20,10 +20,11 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_z_ptr", "need_ptr", "above_ptr",
-           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr")
+           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr",
+           "cand_ptr")
 RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
           "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr")
-RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr")
+RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
 
 def build(module, name, types, consts):
     kernel = getattr(importlib.import_module("dspark_kernels.ops." + module), name)
@@ -51,7 +52,8 @@ for dt in ("bf16", "fp16", "fp32"):
               {**att, "NUM_SPLITS": splits, "BLOCK_M": block_m})
     rs = {"logits_ptr": "*" + dt, **{n: "*fp32" for n in RS_FP32}, **{n: "*i64" for n in RS_I64},
           **{n: "*i32" for n in RS_I32}}
-    build("rejection_sample", "_chunk_stats_kernel", rs, dict(CHUNK_V=8192, BLOCK_V=1024))
+    build("rejection_sample", "_chunk_stats_kernel", rs, dict(HAS_TOP_K=True, HAS_TOP_P=True, CANDIDATES=64,
+                                                             CHUNK_V=8192, BLOCK_V=1024))
     for top_p in (False, True):
         build("rejection_sample", "_cut_level_kernel", rs,
               dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, CHUNK_V=8192, BLOCK_V=1024, CHUNKS_P2=32))
@@ -59,6 +61,8 @@ for dt in ("bf16", "fp16", "fp32"):
     build("rejection_sample", "_draw_kernel", rs, dict(HAS_DRAFT_PROBS=True, RESID_EPS=1e-8, CHUNK_V=8192,
                                                       BLOCK_V=1024, CHUNKS_P2=32))
 build("rejection_sample", "_row_merge_kernel", rs, dict(CHUNKS_P2=32))
+build("rejection_sample", "_cut_candidates_kernel", rs, dict(HAS_TOP_K=True, HAS_TOP_P=True, CANDIDATES=64,
+                                                             CHUNKS_P2=32))
 build("rejection_sample", "_accept_kernel", rs, dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True,
                                                      HAS_DRAFT_COUNTER=True))
 build("survival", "_prefix_survival_kernel", {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32"},

@@ -215,10 +215,13 @@ def _ordered_key(x: torch.Tensor) -> torch.Tensor:
     return signed.long() + 2**31
 
 
-@pytest.mark.parametrize("block_v, chunk_v", [(16, 16), (16, 32), (8, 64)])
-def test_kernel_row_stats_match_reference_filters(block_v, chunk_v):
-    """The row passes' statistics and radix-selected cuts give the reference's filtered probabilities, row by row
-    (vocab 40 over 1, 2 and 3 chunks, so the chunk merges and the cross-chunk histograms are exercised)."""
+@pytest.mark.parametrize("block_v, chunk_v, candidates", [(16, 16, 0), (16, 32, 0), (8, 64, 0), (16, 16, 4),
+                                                          (8, 64, 8), (16, 32, 16)])
+def test_kernel_row_stats_match_reference_filters(block_v, chunk_v, candidates):
+    """The row passes' statistics and cuts give the reference's filtered probabilities, row by row (vocab 40 over 1,
+    2 and 3 chunks, so the chunk merges and the cross-chunk histograms are exercised). Without candidates every cut
+    is a radix select; with them the rows they cover take their cuts from the candidates and the rest (k above the
+    candidates, ties at the floor, wide top-p sets) still the radix select, so both paths are compared."""
     from dspark_kernels.ops.rejection_sample import target_row_stats
     from dspark_kernels.reference.rejection_sample import target_probs_ref
 
@@ -230,7 +233,7 @@ def test_kernel_row_stats_match_reference_filters(block_v, chunk_v):
     top_k = torch.tensor([0, 1, 3, 5, 6, 39, 40, 2, 0, 7, 0, 10])
     top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 0.3, 0.99, 0.1, 1.0, 0.6, 0.8, 1e-6, 0.95])
     stats = target_row_stats(logits, torch.arange(rows, dtype=torch.int32), temp, top_k, top_p,
-                             {"BLOCK_V": block_v, "CHUNK_V": chunk_v, "num_warps": 4})
+                             {"BLOCK_V": block_v, "CHUNK_V": chunk_v, "CANDIDATES": candidates, "num_warps": 4})
     scaled = logits / temp[:, None]
     e = torch.exp(scaled - stats.row_max[:, None])
     kept = (_ordered_key(scaled) >= stats.keep_key[:, None]) & (e.view(torch.int32).long() >= stats.keep_bits[:, None])
@@ -240,6 +243,11 @@ def test_kernel_row_stats_match_reference_filters(block_v, chunk_v):
     torch.testing.assert_close(probs, expected, rtol=1e-5, atol=1e-7)
     assert torch.equal(stats.row_arg.long(), logits.argmax(dim=1))
     assert torch.equal(stats.row_max, scaled.amax(dim=1))
+    by_cand = stats.by_candidates.bool()
+    if candidates:
+        assert 0 < int(by_cand.sum()) < rows, by_cand  # both paths ran
+    else:
+        assert not bool(by_cand.any())
     for i in range(rows):
         model = filtered_target(logits[i].numpy(), float(temp[i]), int(top_k[i]), float(top_p[i]))
         assert np.array_equal(model > 0, expected[i].numpy() > 0), i

@@ -39,14 +39,28 @@ def bits_key(e):
 
 
 @triton.jit
+def _digit(keys, valid, prefix, level):
+    """Level ``level``'s digit of each key, and whether the key is ``valid`` and agrees with ``prefix`` above it."""
+    above = _KEY_BITS - DIGIT_BITS * level  # bits at and above this position are fixed by the prefix
+    digit = (keys >> (above - DIGIT_BITS)) & (BINS - 1)
+    return digit, valid & ((keys >> above) == (prefix >> above))
+
+
+@triton.jit
 def chunk_histogram(keys, weights, valid, prefix, level):
     """``[BINS]`` float32: the ``weights`` of the ``valid`` entries whose key agrees with ``prefix`` above level
     ``level``'s digit, summed by that digit. ``keys``/``weights``/``valid``: one vocab tile ``[BLOCK_V]``."""
-    above = _KEY_BITS - DIGIT_BITS * level  # bits at and above this position are fixed by the prefix
-    digit = (keys >> (above - DIGIT_BITS)) & (BINS - 1)
-    hit = valid & ((keys >> above) == (prefix >> above))
+    digit, hit = _digit(keys, valid, prefix, level)
     bins = tl.arange(0, BINS)
     return tl.sum(tl.where(hit[:, None] & (digit[:, None] == bins[None, :]), weights[:, None], 0.0), 0)
+
+
+@triton.jit
+def chunk_count(keys, valid, prefix, level):
+    """:func:`chunk_histogram` with weight 1 per entry (the top-k select), through ``tl.histogram``: ``[BINS]``
+    float32 counts."""
+    digit, hit = _digit(keys, valid, prefix, level)
+    return tl.histogram(digit.to(tl.int32), BINS, mask=hit).to(tl.float32)
 
 
 @triton.jit

@@ -51,7 +51,7 @@ from ..autotune.store import launch_config
 from ..noise import uniform_noise
 from ..reference.rejection_sample import RESIDUAL_EPS, RejectionResult, _ragged_maps, rejection_sample_ref
 from ._dispatch import resolve_impl
-from ._radix_select import LEVELS, bits_key, chunk_histogram, ordered_key, select_digit
+from ._radix_select import LEVELS, bits_key, chunk_count, chunk_histogram, ordered_key, select_digit
 from ._sampling import cdf_scan_step
 from ._validate import (
     FLOAT_DTYPES,
@@ -66,8 +66,10 @@ from ._validate import (
 
 __all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton"]
 
-# CHUNK_V: vocab columns per program of the row passes (a multiple of BLOCK_V, the tile each loop step loads)
-_DEFAULTS = {"BLOCK_V": 1024, "CHUNK_V": 8192, "num_warps": 8}  # 8 warps: no spill on sm_80 / sm_90
+# CHUNK_V: vocab columns per program of the row passes (a multiple of BLOCK_V, the tile each loop step loads);
+# CANDIDATES: the largest scaled values each chunk keeps for the top-k / top-p cuts (a power of two <= BLOCK_V; 0 = off,
+# every filtered row takes the radix select)
+_DEFAULTS = {"BLOCK_V": 1024, "CHUNK_V": 8192, "CANDIDATES": 64, "num_warps": 8}  # 8 warps: no spill on sm_80 / sm_90
 
 
 # --------------------------------------------------------------------------------------------------------- kernels
@@ -98,18 +100,24 @@ def _target_prob(scaled, m, z, keep_key, keep_bits):
 
 
 @triton.jit
-def _chunk_stats_kernel(logits_ptr, row_req_ptr, temp_ptr, cmax_ptr, csum_ptr, carg_ptr, V, n_chunks,
-                        CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr):
+def _chunk_stats_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, cmax_ptr, csum_ptr, carg_ptr,
+                        cand_ptr, V, n_chunks, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                        CANDIDATES: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr):
     """Program (row, chunk): the one read of the target logits. Writes the chunk's max of ``scaled``, its lowest
-    argmax and (stochastic rows) ``sum(exp(scaled - chunk max))``, online over the chunk's tiles."""
+    argmax and (stochastic rows) ``sum(exp(scaled - chunk max))``, online over the chunk's tiles. With
+    ``CANDIDATES > 0``, a row that top-k or top-p filters also keeps the chunk's ``CANDIDATES`` largest scaled
+    values (a running ``tl.topk``, merged only when a tile's max passes the running smallest), written descending to
+    ``cand [rows, n_chunks, CANDIDATES]`` (-inf where the chunk has fewer entries)."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
-    t = tl.load(temp_ptr + tl.load(row_req_ptr + row))
-    t_eff = tl.where(t > 0.0, t, 1.0)
+    req, t, t_eff, k_on, p_on = _row_params(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row, V, HAS_TOP_K, HAS_TOP_P)
     offs = tl.arange(0, BLOCK_V)
     best = tl.full((), float("-inf"), tl.float32)
     best_idx = tl.zeros((), dtype=tl.int32)
     total = tl.zeros((), dtype=tl.float32)
+    if CANDIDATES > 0:
+        cand = tl.full((CANDIDATES,), float("-inf"), tl.float32)
+        filtered = k_on | p_on
     for start in range(chunk * CHUNK_V, tl.minimum(chunk * CHUNK_V + CHUNK_V, V), BLOCK_V):
         idx = start + offs
         valid = idx < V
@@ -121,10 +129,17 @@ def _chunk_stats_kernel(logits_ptr, row_req_ptr, temp_ptr, cmax_ptr, csum_ptr, c
         if t > 0.0:
             total = total * tl.exp(best - new_best) + tl.sum(tl.exp(x - new_best), 0)
         best = new_best
+        if CANDIDATES > 0:
+            if filtered & (tile_max > tl.min(cand, 0)):
+                both = tl.reshape(tl.join(cand, tl.topk(x, CANDIDATES)), (2 * CANDIDATES,))
+                cand = tl.topk(both, CANDIDATES)
     at = row * n_chunks + chunk
     tl.store(cmax_ptr + at, best)
     tl.store(csum_ptr + at, total)
     tl.store(carg_ptr + at, best_idx)
+    if CANDIDATES > 0:
+        if filtered:
+            tl.store(cand_ptr + at * CANDIDATES + tl.arange(0, CANDIDATES), cand)
 
 
 @triton.jit
@@ -146,13 +161,65 @@ def _row_merge_kernel(row_req_ptr, temp_ptr, cmax_ptr, csum_ptr, carg_ptr, row_m
 
 
 @triton.jit
+def _cut_candidates_kernel(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, cand_ptr, row_max_ptr, row_z_ptr,
+                           keep_key_ptr, keep_bits_ptr, resolved_ptr, V, n_chunks,
+                           HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, CANDIDATES: tl.constexpr,
+                           CHUNKS_P2: tl.constexpr):
+    """Program per row: a filtered row's top-k and top-p cuts and kept mass from its chunks' candidates alone.
+
+    The candidates hold every entry above the floor ``F``, the largest ``CANDIDATES``-th value of a full chunk. So
+    when the candidates' k-th largest value is above ``F``, it is the row's, and the kept set lies among the
+    candidates; without top-k, the same holds when ``exp(F - max)`` is below the top-p cut ``t*``. Such a row stores
+    its cuts and kept mass and is marked resolved; any other row (a k deeper than the candidates, ties at the floor,
+    a top-p set wider than the candidates) is left to the radix select of :func:`_cut_level_kernel`."""
+    row = tl.program_id(0).to(tl.int64)
+    req, t, t_eff, k_on, p_on = _row_params(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row, V, HAS_TOP_K, HAS_TOP_P)
+    if k_on | p_on:
+        c = tl.arange(0, CHUNKS_P2)
+        j = tl.arange(0, CANDIDATES)
+        cand = tl.load(cand_ptr + (row * n_chunks + c[:, None]) * CANDIDATES + j[None, :],
+                       mask=c[:, None] < n_chunks, other=float("-inf"))
+        floor = tl.max(tl.max(tl.where(j[None, :] == CANDIDATES - 1, cand, float("-inf")), 1), 0)
+        vals = tl.sort(tl.reshape(cand, (CHUNKS_P2 * CANDIDATES,)), descending=True)
+        pos = tl.arange(0, CHUNKS_P2 * CANDIDATES)
+        m = tl.load(row_max_ptr + row)
+        ok = t > 0.0  # True, as a tensor
+        keep_key = tl.zeros((), dtype=tl.int64)
+        in_k = vals > float("-inf")
+        z = tl.load(row_z_ptr + row)
+        if k_on:
+            k = tl.load(top_k_ptr + req)
+            kth = tl.max(tl.where(pos == k - 1, vals, float("-inf")), 0)
+            ok = kth > floor
+            keep_key = ordered_key(kth)
+            in_k = vals >= kth
+        e = tl.where(in_k, tl.exp(vals - m), 0.0)
+        if k_on:
+            z = tl.sum(e, 0)
+        keep_bits = tl.zeros((), dtype=tl.int64)
+        if p_on:
+            need = tl.load(top_p_ptr + req) * z
+            first = tl.min(tl.where(tl.cumsum(e, 0) >= need, pos, CHUNKS_P2 * CANDIDATES), 0)
+            cut = tl.max(tl.where(pos == first, e, 0.0), 0)
+            ok = ok & (first < CHUNKS_P2 * CANDIDATES) & (k_on | (tl.exp(floor - m) < cut))
+            keep_bits = bits_key(cut)
+            z = tl.sum(tl.where(e >= cut, e, 0.0), 0)
+        if ok:
+            tl.store(keep_key_ptr + row, keep_key)
+            tl.store(keep_bits_ptr + row, keep_bits)
+            tl.store(row_z_ptr + row, z)
+            tl.store(resolved_ptr + row, 1)
+
+
+@triton.jit
 def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_max_ptr, row_z_ptr,
-                      keep_key_ptr, keep_bits_ptr, need_ptr, prefix_ptr, above_ptr, hist_in_ptr, hist_out_ptr,
-                      rows, V, n_chunks, level,
+                      keep_key_ptr, keep_bits_ptr, resolved_ptr, need_ptr, prefix_ptr, above_ptr, hist_in_ptr,
+                      hist_out_ptr, rows, V, n_chunks, level,
                       TOP_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, LAST: tl.constexpr,
                       CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr):
     """Program (row, chunk), level ``level`` of a row's cut by radix select (:mod:`._radix_select`).
 
+    Rows the candidates resolved (:func:`_cut_candidates_kernel`) are skipped.
     ``TOP_P = False``: the top-k cut, the key of the k-th largest scaled logit (weights 1, need k).
     ``TOP_P = True``: the kept mass and the top-p cut over the bit patterns of ``e = exp(scaled - max)`` on the
     top-k set (weights e, need ``top_p * sum(e)``); level 0 runs for every filtered row, whose kept mass the level-1
@@ -168,7 +235,7 @@ def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, r
         active = tl.where(level <= 1, k_on | p_on, p_on)
     else:
         active = k_on
-    if active:
+    if active & (tl.load(resolved_ptr + row) == 0):
         prefix = tl.zeros((), dtype=tl.int64)
         above = tl.zeros((), dtype=tl.float32)
         hist_row = hist_in_ptr + row * n_chunks * 16
@@ -213,8 +280,7 @@ def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, r
                     e = tl.where(ordered_key(scaled) >= keep_key, tl.exp(scaled - m), 0.0)
                     acc += chunk_histogram(bits_key(e), e, valid, prefix, level)
                 else:
-                    acc += chunk_histogram(ordered_key(scaled), tl.full((BLOCK_V,), 1.0, tl.float32), valid, prefix,
-                                           level)
+                    acc += chunk_count(ordered_key(scaled), valid, prefix, level)
             tl.store(hist_out_ptr + (row * n_chunks + chunk) * 16 + tl.arange(0, 16), acc)
 
 
@@ -373,37 +439,56 @@ class TargetRowStats(NamedTuple):
     """Per target row ``[rows]``: ``row_max`` (max of the scaled logits), ``row_z`` (the kept mass
     ``sum(e)``, stochastic rows), ``row_arg`` (lowest argmax, int32), and the cuts as keys, 0 = keep all:
     ``keep_key`` (top-k: the ordered key of the k-th largest scaled logit) and ``keep_bits`` (top-p: the bit
-    pattern of the smallest kept ``e``). ``p_t = e / row_z`` on the entries whose keys pass both cuts."""
+    pattern of the smallest kept ``e``). ``p_t = e / row_z`` on the entries whose keys pass both cuts.
+    ``by_candidates`` (int32): 1 where a filtered row's cuts came from its chunk candidates, 0 where the radix
+    select found them (or nothing filters the row)."""
 
     row_max: torch.Tensor
     row_z: torch.Tensor
     row_arg: torch.Tensor
     keep_key: torch.Tensor
     keep_bits: torch.Tensor
+    by_candidates: torch.Tensor
 
 
 def target_row_stats(logits: torch.Tensor, row_req: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | None,
                      top_p: torch.Tensor | None, cfg: dict) -> TargetRowStats:
     """The row passes of :func:`rejection_sample_triton` over contiguous ``logits [rows, V]`` (``row_req [rows]``
-    int32: each row's request; ``temp``, ``top_k``, ``top_p``: per request), parallel over (row, vocab chunk)."""
+    int32: each row's request; ``temp``, ``top_k``, ``top_p``: per request), parallel over (row, vocab chunk).
+
+    A filtered row's cuts come from its chunks' candidates when they suffice (:func:`_cut_candidates_kernel`), so the
+    logits are read once; the radix-select launches then only read the other rows (their programs for resolved rows
+    load a few scalars and return)."""
     dev = logits.device
     rows, v = logits.shape
     block_v, chunk_v, warps = cfg["BLOCK_V"], cfg["CHUNK_V"], cfg["num_warps"]
+    filtered = top_k is not None or top_p is not None
+    cands = cfg.get("CANDIDATES", 0) if filtered else 0
+    if cands and (cands > block_v or cands & (cands - 1)):
+        raise ValueError(f"rejection_sample config: CANDIDATES {cands} must be a power of two <= BLOCK_V {block_v}")
     n_chunks = triton.cdiv(v, chunk_v)
     chunks_p2 = triton.next_power_of_2(n_chunks)
     f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
     cmax, csum = torch.empty((rows, n_chunks), **f32), torch.empty((rows, n_chunks), **f32)
     carg = torch.empty((rows, n_chunks), dtype=torch.int32, device=dev)
+    cand = torch.empty((rows, n_chunks, max(cands, 1)), **f32)
     stats = TargetRowStats(torch.empty(rows, **f32), torch.ones(rows, **f32),
                            torch.empty(rows, dtype=torch.int32, device=dev), torch.zeros(rows, **i64),
-                           torch.zeros(rows, **i64))
-    _chunk_stats_kernel[(rows, n_chunks)](logits, row_req, temp, cmax, csum, carg, v, n_chunks,
-                                          CHUNK_V=chunk_v, BLOCK_V=block_v, num_warps=warps)
+                           torch.zeros(rows, **i64), torch.zeros(rows, dtype=torch.int32, device=dev))
+    tk, tp = _or_dummy(top_k, torch.int64, dev), _or_dummy(top_p, torch.float32, dev)
+    flags = dict(HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None)
+    _chunk_stats_kernel[(rows, n_chunks)](logits, row_req, temp, tk, tp, cmax, csum, carg, cand, v, n_chunks,
+                                          **flags, CANDIDATES=cands, CHUNK_V=chunk_v, BLOCK_V=block_v,
+                                          num_warps=warps)
     _row_merge_kernel[(rows,)](row_req, temp, cmax, csum, carg, stats.row_max, stats.row_z, stats.row_arg, n_chunks,
                                CHUNKS_P2=chunks_p2, num_warps=1)
-    if top_k is None and top_p is None:
+    if not filtered:
         return stats
-    tk, tp = _or_dummy(top_k, torch.int64, dev), _or_dummy(top_p, torch.float32, dev)
+    resolved = stats.by_candidates
+    if cands:
+        _cut_candidates_kernel[(rows,)](row_req, temp, tk, tp, cand, stats.row_max, stats.row_z, stats.keep_key,
+                                        stats.keep_bits, resolved, v, n_chunks, **flags, CANDIDATES=cands,
+                                        CHUNKS_P2=chunks_p2, num_warps=4)
     hist = torch.empty((2, rows, n_chunks, 16), **f32)
     prefix, above = torch.zeros((LEVELS + 1, rows), **i64), torch.zeros((LEVELS + 1, rows), **f32)  # row 0: level 0's
     need = torch.empty(rows, **f32)
@@ -411,10 +496,10 @@ def target_row_stats(logits: torch.Tensor, row_req: torch.Tensor, temp: torch.Te
         levels = LEVELS if top_p is not None or not top_p_cut else 1  # top-k only: level 1 stores the kept mass
         for level in range(levels + 1):
             _cut_level_kernel[(rows, n_chunks)](
-                logits, row_req, temp, tk, tp, stats.row_max, stats.row_z, stats.keep_key, stats.keep_bits, need,
-                prefix, above, hist[(level + 1) % 2], hist[level % 2], rows, v, n_chunks, level,
-                TOP_P=top_p_cut, HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, LAST=level == LEVELS,
-                CHUNK_V=chunk_v, BLOCK_V=block_v, CHUNKS_P2=chunks_p2, num_warps=warps)
+                logits, row_req, temp, tk, tp, stats.row_max, stats.row_z, stats.keep_key, stats.keep_bits, resolved,
+                need, prefix, above, hist[(level + 1) % 2], hist[level % 2], rows, v, n_chunks, level,
+                TOP_P=top_p_cut, **flags, LAST=level == LEVELS, CHUNK_V=chunk_v, BLOCK_V=block_v,
+                CHUNKS_P2=chunks_p2, num_warps=warps)
     return stats
 
 
@@ -438,8 +523,9 @@ def rejection_sample_triton(
 
     1. ``_chunk_stats_kernel`` reads the logits once (chunk max, argmax, online sum-exp), ``_row_merge_kernel``
        merges them per row;
-    2. with top-k / top-p, ``_cut_level_kernel`` finds the cuts by radix select: ``LEVELS + 1`` launches per cut,
-       each reading the filtered rows once;
+    2. with top-k / top-p, ``_cut_candidates_kernel`` finds the cuts of the rows whose chunk candidates suffice,
+       and ``_cut_level_kernel`` those of the others by radix select: ``LEVELS + 1`` launches per cut, each reading
+       those rows once;
     3. ``_accept_kernel`` (per request) runs the accept tests from the row statistics;
     4. ``_last_chunk_sums_kernel`` (stochastic request x chunk) and ``_draw_kernel`` (per request) draw the last
        token, re-reading only the final row and the rejected draft's row.
