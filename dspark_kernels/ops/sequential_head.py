@@ -62,7 +62,8 @@ __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "s
            "sequential_head_triton"]
 
 _DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 8}  # no spills on sm_80 / sm_90 (perf/kernel_resources.py)
-RNN_COLUMNS = 32  # state columns per step of the rnn latent: at rank 64, whole [r, r] tiles spilled 488 B
+RNN_COLUMNS = 32  # state columns per step of the rnn latent: at rank 64, whole [r, r] tiles spilled 488 B, 32
+# columns of all three gates 312-320 B, of (a, c) then o 148-200 B
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
 # float32 products on tensor cores at about float32 accuracy (three tf32 products); the interpreter computes them in
 # float32 whatever the precision
@@ -90,7 +91,7 @@ def _weight_tile(w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R: tl.constexpr, 
     i = tl.arange(0, BLOCK_R)
     j = tl.arange(0, BLOCK_C)
     ok = (i[:, None] < RANK) & (j[None, :] < n_cols)
-    ptrs = w_ptr + i[:, None].to(tl.int64) * s_in + (col0 + j[None, :]).to(tl.int64) * s_out
+    ptrs = w_ptr + (i[:, None] * s_in + (col0 + j[None, :]) * s_out)
     return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
 
 
@@ -150,11 +151,12 @@ def _slot_latent_kernel(
         g += tl.dot(e, _weight_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, RANK, BLOCK_R, BLOCK_R),
                     input_precision=DOT_PRECISION)
         lat = tl.sigmoid(g) * e
-    else:  # rnn: the state's columns in chunks of BLOCK_C (whole [r, r] tiles would not fit in registers)
+    else:  # rnn: the state's columns in chunks of BLOCK_C (whole [r, r] tiles would not fit in registers), the
+        # state update's two gates in one pass and the output's in another, so fewer weight tiles are live at once
         s = tl.load(state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], mask=on, other=0.0)
         e_rows = rnn_w_ptr + RANK * s_rw_in
-        for c0 in range(0, RANK, BLOCK_C):
-            j = tl.arange(0, BLOCK_C)
+        j = tl.arange(0, BLOCK_C)
+        for c0 in range(0, RANK, BLOCK_C):  # the state update: gate a and candidate c
             cols = c0 + j
             on_c = active[:, None] & (cols < RANK)[None, :]
             pre = rnn_h_ptr + row[:, None] * (3 * RANK) + j[None, :]
@@ -162,13 +164,17 @@ def _slot_latent_kernel(
             a = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, c0, n_cols, RANK, BLOCK_R, BLOCK_C)
             cc = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, RANK + c0, n_cols, RANK, BLOCK_R,
                            BLOCK_C)
-            o = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK + c0, n_cols, RANK,
-                          BLOCK_R, BLOCK_C)
             gate = tl.sigmoid(a)
-            s_ptrs = state_ptr + m[:, None].to(tl.int64) * RANK + cols[None, :]
+            s_ptrs = state_ptr + m[:, None] * RANK + cols[None, :]
             s_old = tl.load(s_ptrs, mask=on_c, other=0.0)  # this chunk's columns, not yet updated
             tl.store(s_ptrs, gate * s_old + (1.0 - gate) * _tanh(cc), mask=on_c)
-            tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + cols[None, :], _tanh(o), mask=on_c)
+        for c0 in range(0, RANK, BLOCK_C):  # the output o, from the same (previous) state s
+            cols = c0 + j
+            on_c = active[:, None] & (cols < RANK)[None, :]
+            pre = rnn_h_ptr + row[:, None] * (3 * RANK) + j[None, :]
+            o = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK + c0, RANK - c0, RANK,
+                          BLOCK_R, BLOCK_C)
+            tl.store(lat_ptr + m[:, None] * RANK + cols[None, :], _tanh(o), mask=on_c)
     if KIND != 3:
         tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], lat, mask=on)
     if HAS_CONF:
