@@ -90,7 +90,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
                   launch(rs)))
     head = {"logits_ptr": "*bf16", "hidden_ptr": "*bf16", "anchor_ptr": "*i64", "cu_ptr": "*i32", "w1_ptr": "*bf16",
             "w2_ptr": "*bf16", "gate_w_ptr": "*bf16", "rnn_w_ptr": "*bf16", "conf_w_ptr": "*bf16",
-            "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "top_k_ptr": "*i64"}
+            "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "top_k_ptr": "*i64", "keep_key_ptr": "*i64",
+            "keep_bits_ptr": "*i64"}
     fp32 = ("gate_h_ptr", "rnn_h_ptr", "state_ptr", "conf_h_ptr", "lat_ptr", "conf_ptr", "temp_ptr", "ws_ptr",
             "part_ptr", "top_p_ptr", "u_ptr", "row_max_ptr", "row_z_ptr")
     head.update({n: "*fp32" for n in fp32})
@@ -104,7 +105,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     specs.append(("sequential_head", "_slot_draw_kernel", head,
                   dict(HAS_TOP_K=True, HAS_TOP_P=True, SAMPLE=True, BLOCK_T=2048, BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))
-    specs.append(("sequential_head", "_normalise_kernel", head, dict(BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
+    specs.append(("sequential_head", "_normalise_kernel", head,
+                  dict(FILTERED=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))
     surv = {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32", "A_SORTED": "*fp32", "SPS": "*fp64",
             "THETA": "*fp64", "COUNT": "*i64", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "LENS": "*i32"}

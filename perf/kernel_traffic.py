@@ -7,11 +7,11 @@ must read once, every output once); ``bytes_moved / min_bytes`` is how far the k
 
 The shapes are an 8B-class target's (32 query heads, 8 KV heads, head dim 128, bf16 logits and K/V, vocabulary
 151,936) at batch 8 unless a case says otherwise.
-``--vocab`` sets the sampling cases' vocabulary. The rejection-sampling cases run at 1/8 of it (18,992: with top-k
-and top-p they make 17 passes over each row, which the interpreter walks tile by tile in Python); the rows say so in
-``shape.V``, and ``min_bytes`` is for the vocabulary counted.
+``--vocab`` sets the sampling cases' vocabulary. The rejection-sampling cases and the filtered sequential-head case
+run at 1/8 of it (18,992: the interpreter runs each tile's ``tl.topk`` of the filtered rows, and any radix-select
+pass, in Python); the rows say so in ``shape.V``, and ``min_bytes`` is for the vocabulary counted.
 
-CLI (about 20 minutes on 2 cores)::
+CLI (about an hour on 2 cores)::
 
     python perf/kernel_traffic.py --json results/kernel_traffic.json
 """
@@ -41,16 +41,22 @@ V, HQ, HKV, D, RANK, HIDDEN = 151_936, 32, 8, 128, 64, 4096
 BF16 = torch.bfloat16
 
 
-def sequential_head_case(kind: str, r: int, gamma: int, v: int) -> tuple[dict, callable, int]:
-    """``kind`` head, ``r`` requests of ``gamma`` sampled slots (T = 1). Minimum: ``w2`` once per slot (the slots
-    depend on each other; the requests of a slot share it), the base logits once, the draft rows written once, the
-    other weights and activations once."""
+def sequential_head_case(kind: str, r: int, gamma: int, v: int, top_k: int = 0,
+                         top_p: float = 1.0) -> tuple[dict, callable, int]:
+    """``kind`` head, ``r`` requests of ``gamma`` sampled slots (T = 1; with ``top_k`` / ``top_p`` on every
+    request). Minimum: ``w2`` once per slot (the slots depend on each other; the requests of a slot share it), the
+    base logits once, the draft rows written once, the other weights and activations once."""
     batch = head_batch(kind, r, gamma, v, RANK, HIDDEN, torch.device("cpu"), BF16)
+    if top_k:
+        batch["top_k"] = torch.full((r,), top_k, dtype=torch.int64)
+    if top_p < 1:
+        batch["top_p"] = torch.full((r,), top_p)
     n = r * gamma
     w = batch["weights"]
     small = sum(t.numel() * t.element_size() for t in (w.conf_w, w.gate_w, w.rnn_w, batch["hidden"]) if t is not None)
     min_bytes = gamma * RANK * v * 2 + n * v * 2 + n * v * 4 + n * RANK * 2 + small
-    return ({"kind": kind, "R": r, "gamma": gamma, "V": v, "rank": RANK, "d": HIDDEN, "dtype": "bfloat16"},
+    return ({"kind": kind, "R": r, "gamma": gamma, "V": v, "rank": RANK, "d": HIDDEN, "dtype": "bfloat16",
+             "top_k": top_k, "top_p": top_p},
             lambda: sequential_head(**batch, impl="triton", check_inputs=False), min_bytes)
 
 
@@ -92,6 +98,8 @@ def draft_block_case(r: int, gamma: int, ctx: int, v: int) -> tuple[dict, callab
 CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size)
     "sequential_head vanilla gamma 15": ("sequential_head", lambda v: sequential_head_case("vanilla", 8, 15, v)),
     "sequential_head gated gamma 7": ("sequential_head", lambda v: sequential_head_case("gated", 8, 7, v)),
+    "sequential_head vanilla gamma 7 top-k 50 top-p 0.9": (
+        "sequential_head", lambda v: sequential_head_case("vanilla", 8, 7, v // 8, top_k=50, top_p=0.9)),
     "rejection_sample T=1": ("rejection_sample", lambda v: rejection_case(8, 7, 0, 1.0, v // 8)),
     "rejection_sample T=1 top-k 50 top-p 0.9": ("rejection_sample", lambda v: rejection_case(8, 7, 50, 0.9, v // 8)),
     "verify_attention decode R=1 ctx 4k": ("verify_attention", lambda v: verify_case(1, 1, 4096, v)),

@@ -451,7 +451,7 @@ from triton.compiler import ASTSource
 import importlib
 op = importlib.import_module("dspark_kernels.ops.sequential_head")
 
-INT64 = ("tokens_ptr", "part_arg_ptr", "top_k_ptr")
+INT64 = ("tokens_ptr", "part_arg_ptr", "top_k_ptr", "keep_key_ptr", "keep_bits_ptr")
 
 def build(kernel, consts):
     names = kernel.arg_names
@@ -469,7 +469,8 @@ for kind in range(4):
         build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, BLOCK_M=16, BLOCK_V=128, BLOCK_R=64))
 for sample in (True, False):
     build(op._slot_draw_kernel, dict(HAS_TOP_K=True, HAS_TOP_P=True, SAMPLE=sample, BLOCK_T=2048, BLOCK_V=128))
-build(op._normalise_kernel, dict(BLOCK_M=16, BLOCK_V=128))
+for filtered in (True, False):
+    build(op._normalise_kernel, dict(FILTERED=filtered, BLOCK_M=16, BLOCK_V=128))
 print("compiled")
 """
 

@@ -64,7 +64,7 @@ from ._validate import (
     check_tensor,
 )
 
-__all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton"]
+__all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton", "sample_rows"]
 
 # CHUNK_V: vocab columns per program of the row passes (a multiple of BLOCK_V, the tile each loop step loads);
 # CANDIDATES: the largest scaled values each chunk keeps for the top-k / top-p cuts (a power of two <= BLOCK_V; 0 = off,
@@ -533,10 +533,7 @@ def rejection_sample_triton(
     dev = target_logits.device
     rows, v = target_logits.shape
     r = cu_num_draft_tokens.numel() - 1
-    cfg = launch_config("rejection_sample", _DEFAULTS, dev)
-    block_v, chunk_v, warps = cfg["BLOCK_V"], cfg["CHUNK_V"], cfg["num_warps"]
-    if chunk_v % block_v:
-        raise ValueError(f"rejection_sample config: CHUNK_V {chunk_v} must be a multiple of BLOCK_V {block_v}")
+    cfg = _config(dev)
     out = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
     num_acc = torch.zeros(r, dtype=torch.int32, device=dev)
     if r == 0:
@@ -544,10 +541,8 @@ def rejection_sample_triton(
     logits = target_logits.contiguous()
     temp = temperature.float().contiguous()
     _, row_req, *_ = _ragged_maps(cu_num_draft_tokens.long(), draft_token_ids.numel())
-    n_chunks = triton.cdiv(v, chunk_v)
     stats = target_row_stats(logits, row_req.to(torch.int32), temp, top_k, top_p, cfg)
-    f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
-    final_row = torch.empty(r, **i64)
+    final_row = torch.empty(r, dtype=torch.int64, device=dev)
     drafts, cu = draft_token_ids.contiguous(), cu_num_draft_tokens.contiguous()
     dprobs = _or_dummy(draft_probs, torch.float32, dev)
     _accept_kernel[(r,)](
@@ -559,15 +554,58 @@ def rejection_sample_triton(
     )
     if sample_uniforms is None:  # every request is greedy (the op's contract): no draw
         return RejectionResult(out, num_acc)
-    sums, last = torch.empty((r, n_chunks, 2), **f32), torch.empty((r, n_chunks, 2), **i64)
-    common = (drafts, cu, dprobs, logits, temp, num_acc, final_row, stats.row_max, stats.row_z, stats.keep_key,
-              stats.keep_bits)
-    _last_chunk_sums_kernel[(r, n_chunks)](*common, sums, last, v, n_chunks, HAS_DRAFT_PROBS=draft_probs is not None,
-                                          CHUNK_V=chunk_v, BLOCK_V=block_v, num_warps=warps)
-    _draw_kernel[(r,)](*common, sums, last, sample_uniforms.contiguous(), out, v, n_chunks, out.stride(0),
-                       HAS_DRAFT_PROBS=draft_probs is not None, RESID_EPS=RESIDUAL_EPS, CHUNK_V=chunk_v,
-                       BLOCK_V=block_v, CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=warps)
+    _draw_last_tokens(drafts, cu, draft_probs, logits, temp, num_acc, final_row, stats, sample_uniforms.contiguous(),
+                      out, cfg)
     return RejectionResult(out, num_acc)
+
+
+def _draw_last_tokens(drafts: torch.Tensor, cu: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                      temp: torch.Tensor, num_acc: torch.Tensor, final_row: torch.Tensor, stats: TargetRowStats,
+                      sample_u: torch.Tensor, out: torch.Tensor, cfg: dict) -> None:
+    """Each stochastic request's last token (``r`` requests: ``num_acc [r]`` accepted drafts, ``final_row [r]`` the
+    row to draw from) into ``out[r, num_acc[r]]``: ``_last_chunk_sums_kernel`` over (request, vocab chunk), then
+    ``_draw_kernel`` per request."""
+    dev = logits.device
+    r, v = num_acc.numel(), logits.shape[1]
+    n_chunks = triton.cdiv(v, cfg["CHUNK_V"])
+    sums = torch.empty((r, n_chunks, 2), dtype=torch.float32, device=dev)
+    last = torch.empty((r, n_chunks, 2), dtype=torch.int64, device=dev)
+    common = (drafts, cu, _or_dummy(draft_probs, torch.float32, dev), logits, temp, num_acc, final_row,
+              stats.row_max, stats.row_z, stats.keep_key, stats.keep_bits)
+    tiles = dict(CHUNK_V=cfg["CHUNK_V"], BLOCK_V=cfg["BLOCK_V"], num_warps=cfg["num_warps"])
+    _last_chunk_sums_kernel[(r, n_chunks)](*common, sums, last, v, n_chunks, HAS_DRAFT_PROBS=draft_probs is not None,
+                                          **tiles)
+    _draw_kernel[(r,)](*common, sums, last, sample_u, out, v, n_chunks, out.stride(0),
+                       HAS_DRAFT_PROBS=draft_probs is not None, RESID_EPS=RESIDUAL_EPS,
+                       CHUNKS_P2=triton.next_power_of_2(n_chunks), **tiles)
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                top_p: torch.Tensor | None, uniforms: torch.Tensor) -> tuple[torch.Tensor, TargetRowStats]:
+    """Sample every row of ``logits [rows, V]`` with its own ``temperature [rows]`` (0 = argmax), ``top_k`` /
+    ``top_p [rows]`` and ``uniforms [rows]``: :func:`rejection_sample_triton` with no drafts (the same filters and
+    inverse-CDF draw), parallel over (row, vocab chunk). Returns ``tokens [rows]`` int64 and the rows' statistics and
+    cuts (:class:`TargetRowStats`), from which ``p = e / row_z`` on the kept entries is the distribution drawn from.
+    Inputs are not checked (callers are kernels' launchers)."""
+    dev = logits.device
+    rows = logits.shape[0]
+    cfg = _config(dev)
+    logits, temp = logits.contiguous(), temperature.float().contiguous()
+    stats = target_row_stats(logits, torch.arange(rows, dtype=torch.int32, device=dev), temp, top_k, top_p, cfg)
+    out = torch.empty((rows, 1), dtype=torch.int64, device=dev)
+    none = torch.zeros(rows + 1, dtype=torch.int32, device=dev)  # no drafts: every request draws from its one row
+    _draw_last_tokens(torch.zeros(1, dtype=torch.int64, device=dev), none, None, logits, temp, none[:rows],
+                      torch.arange(rows, device=dev), stats, uniforms.contiguous(), out, cfg)
+    return torch.where(temp > 0, out[:, 0], stats.row_arg.long()), stats
+
+
+def _config(device: torch.device) -> dict:
+    """The launch config of the row passes (autotune store or defaults), checked."""
+    cfg = launch_config("rejection_sample", _DEFAULTS, device)
+    if cfg["CHUNK_V"] % cfg["BLOCK_V"]:
+        raise ValueError(f"rejection_sample config: CHUNK_V {cfg['CHUNK_V']} must be a multiple of BLOCK_V "
+                         f"{cfg['BLOCK_V']}")
+    return cfg
 
 
 # ------------------------------------------------------------------------------------------------------ public op

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from ..autotune.store import launch_config
+from ..reference._sampling import top_k_filters, top_p_filters
 from ..reference.sequential_head import (
     KINDS,
     MarkovBiasRows,
@@ -45,7 +46,8 @@ from ..reference.sequential_head import (
     sequential_head_ref,
 )
 from ._dispatch import resolve_impl
-from ._sampling import cdf_scan_step, filter_row, inverse_cdf_row
+from ._radix_select import bits_key, ordered_key
+from ._sampling import cdf_scan_step
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -57,6 +59,7 @@ from ._validate import (
     check_shape,
     check_tensor,
 )
+from .rejection_sample import sample_rows
 
 __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "sequential_head",
            "sequential_head_triton"]
@@ -79,7 +82,10 @@ DOT_PRECISION = tl.constexpr("tf32x3")
 #                                               and sum of exp(x - tile max); sampled rows keep x in the draft rows
 #   draw     grid (R)                           merge the tiles' statistics (online max / sum-exp): argmax, or the
 #                                               inverse-CDF draw: the tile from the tiles' masses, the index from that
-#                                               one tile (filtered rows: the full top-k/top-p filter of _sampling)
+#                                               one tile
+#   filtered rows (top-k / top-p), when any request has filters: the slot's rows gathered into [R, V] and sampled by
+#   rejection_sample.sample_rows (one read of each row over (row, vocab chunk) programs, cuts from the chunks' largest
+#   values, the draw from chunk sums); their kept mass and cuts go to the normalise pass
 # and after the last slot
 #   normalise grid (V / BLOCK_V, N / BLOCK_M)   draft rows = exp(x - max) / Z, or one-hot for greedy rows
 # The hidden-state terms of every slot (the gate/rnn inputs, the confidence dot) are one GEMM before the slot loop.
@@ -190,8 +196,8 @@ def _slot_vocab_kernel(
     KIND: tl.constexpr, STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """One vocab tile of slot ``k`` for ``BLOCK_M`` requests: ``x = (U.float() + lat @ w2) / t_eff`` (``STORE``:
-    written to the draft rows of sampled requests), and per request the tile's max, lowest-index argmax, min and
-    ``sum(exp(x - max))`` into ``part [3, R, NT]`` / ``part_arg [R, NT]``."""
+    written to the draft rows of sampled requests), and per request the tile's max, lowest-index argmax and
+    ``sum(exp(x - max))`` into ``part [2, R, NT]`` / ``part_arg [R, NT]``."""
     tile = tl.program_id(0)
     m, active, row = _block_rows(cu_ptr, R, k, tl.program_id(1), BLOCK_M)
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -212,13 +218,11 @@ def _slot_vocab_kernel(
     xm = tl.where(on, x, float("-inf"))
     t_max = tl.max(xm, 1)
     t_arg = tl.argmax(xm, 1) + tile * BLOCK_V
-    t_min = tl.min(tl.where(on, x, float("inf")), 1)
     t_sum = tl.sum(tl.where(on, tl.exp(x - t_max[:, None]), 0.0), 1)
     at = m.to(tl.int64) * NT + tile
     plane = R * NT
     tl.store(part_ptr + at, t_max, mask=active)
-    tl.store(part_ptr + plane + at, t_min, mask=active)
-    tl.store(part_ptr + 2 * plane + at, t_sum, mask=active)
+    tl.store(part_ptr + plane + at, t_sum, mask=active)
     tl.store(part_arg_ptr + at, t_arg, mask=active)
 
 
@@ -231,9 +235,9 @@ def _slot_draw_kernel(
 ):
     """Request ``req``'s slot ``k``: merge the tiles' statistics into the row max ``M`` and argmax; greedy takes the
     argmax. A sampled row without filters draws by inverse CDF against ``u * Z`` (``Z = sum_t s_t exp(m_t - M)``):
-    the tile from the tiles' masses, the index from that tile's ``exp(x - M)``; a filtered row (top-k / top-p) is
-    filtered in place by :func:`filter_row` and drawn by :func:`inverse_cdf_row`. ``row_z``: ``Z`` (the normalise
-    pass divides by it), 0 (the row is already final) or -1 (greedy: one-hot)."""
+    the tile from the tiles' masses, the index from that tile's ``exp(x - M)``. A filtered row (top-k / top-p) is
+    left to the launcher's vocab-parallel :func:`~.rejection_sample.sample_rows`, which writes its token, ``Z`` (the
+    kept mass) and cuts. ``row_z``: ``Z`` (the normalise pass divides by it) or -1 (greedy: one-hot)."""
     req = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + req).to(tl.int64)
     if k < tl.load(cu_ptr + req + 1).to(tl.int64) - start:
@@ -256,17 +260,11 @@ def _slot_draw_kernel(
                 if HAS_TOP_P:
                     filtered = filtered | (tl.load(top_p_ptr + req) < 1.0)
                 ws_row = ws_ptr + row * V
-                u = tl.load(u_ptr + row)
-                if filtered:
-                    least = tl.min(tl.load(part_ptr + plane + at, mask=tv, other=float("inf")), 0)
-                    filter_row(ws_row, V, best, least, top_k_ptr, top_p_ptr, req, HAS_TOP_K, HAS_TOP_P, BLOCK_V)
-                    token = inverse_cdf_row(ws_row, V, u, BLOCK_V)
-                    z = tl.zeros((), dtype=tl.float32)
-                else:
-                    mass = tl.where(tv, tl.load(part_ptr + 2 * plane + at, mask=tv, other=0.0) * tl.exp(p_max - best),
+                if not filtered:
+                    mass = tl.where(tv, tl.load(part_ptr + plane + at, mask=tv, other=0.0) * tl.exp(p_max - best),
                                     0.0)
                     z = tl.sum(mass, 0)
-                    target = u * z
+                    target = tl.load(u_ptr + row) * z
                     hit = (mass > 0.0) & (tl.cumsum(mass, 0) > target)
                     pick = tl.min(tl.where(hit, ti, NT), 0)
                     pick = tl.where(pick < NT, pick, tl.max(tl.where(mass > 0.0, ti, -1), 0))
@@ -284,10 +282,11 @@ def _slot_draw_kernel(
 
 
 @triton.jit
-def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, N, V,
-                      BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
-    """One ``[BLOCK_M, BLOCK_V]`` tile of the draft rows: ``exp(x - max) / Z`` where ``Z > 0``, the one-hot row of
-    the token where ``Z < 0`` (greedy), untouched where ``Z == 0`` (already final)."""
+def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, N, V,
+                      FILTERED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One ``[BLOCK_M, BLOCK_V]`` tile of the draft rows: ``e / Z`` with ``e = exp(x - max)`` where ``Z > 0`` (with
+    ``FILTERED``, 0 outside the row's cuts ``keep_key`` / ``keep_bits``: see
+    :class:`~.rejection_sample.TargetRowStats`), the one-hot row of the token where ``Z < 0`` (greedy)."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rv = rows < N
     cols = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -298,9 +297,14 @@ def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, N, V,
     offs = rows[:, None].to(tl.int64) * V + cols[None, :]
     norm = (z > 0.0)[:, None]
     x = tl.load(ws_ptr + offs, mask=on & norm, other=0.0)
+    e = tl.exp(x - best[:, None])
+    if FILTERED:
+        keep_key = tl.load(keep_key_ptr + rows, mask=rv, other=0)
+        keep_bits = tl.load(keep_bits_ptr + rows, mask=rv, other=0)
+        e = tl.where((ordered_key(x) >= keep_key[:, None]) & (bits_key(e) >= keep_bits[:, None]), e, 0.0)
     one_hot = tl.where(cols[None, :] == tok[:, None], 1.0, 0.0)
-    p = tl.where(norm, tl.exp(x - best[:, None]) / tl.where(z > 0.0, z, 1.0)[:, None], one_hot)
-    tl.store(ws_ptr + offs, p, mask=on & (z != 0.0)[:, None])
+    p = tl.where(norm, e / tl.where(z > 0.0, z, 1.0)[:, None], one_hot)
+    tl.store(ws_ptr + offs, p, mask=on)
 
 
 # -------------------------------------------------------------------------------------------------------- launcher
@@ -363,22 +367,27 @@ def sequential_head_triton(
     w2, s_w2r, s_w2v = mat(weights.w2)
     gate_w, s_gw_in, s_gw_out = mat(weights.gate_w)
     rnn_w, s_rw_in, s_rw_out = mat(weights.rnn_w)
-    tokens = torch.empty(n, dtype=torch.int64, device=dev)
+    filters = sample and (top_k is not None or top_p is not None)
+    # one spare entry past the rows: where the filtered-row step sends the requests it does not sample
+    tokens = torch.empty(n + 1, dtype=torch.int64, device=dev)
     probs = torch.empty(n, v, dtype=torch.float32, device=dev) if sample else dummy
     row_max = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
-    row_z = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
+    row_z = torch.empty(n + 1, dtype=torch.float32, device=dev) if sample else dummy
+    keep_key = torch.zeros(n + 1, dtype=torch.int64, device=dev) if filters else dummy
+    keep_bits = torch.zeros(n + 1, dtype=torch.int64, device=dev) if filters else dummy
     if weights.conf_w is None:
         conf = torch.zeros(n, dtype=torch.float32, device=dev)
     else:
         conf = conf_h if kind == 0 else torch.empty(n, dtype=torch.float32, device=dev)
     lat = torch.empty(r, max(rank, 1), dtype=torch.float32, device=dev)
     state = torch.zeros(r, rank, dtype=torch.float32, device=dev) if weights.kind == "rnn" else dummy
-    part = torch.empty(3, r, n_tiles, dtype=torch.float32, device=dev)
+    part = torch.empty(2, r, n_tiles, dtype=torch.float32, device=dev)
     part_arg = torch.empty(r, n_tiles, dtype=torch.int32, device=dev)
     logits = base_logits.contiguous()
     temp = temperature.float().contiguous()
     anchors = anchor_tokens.contiguous()
     blocks = triton.cdiv(r, block_m)
+    filtered_req = _filtered_requests(temp, top_k, top_p, v) if filters else None
     for k in range(max_len):
         if kind:
             _slot_latent_kernel[(blocks,)](
@@ -398,10 +407,44 @@ def sequential_head_triton(
             HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, SAMPLE=sample,
             BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
         )
+        if filters:
+            _sample_filtered_slot(k, cu, n, filtered_req, probs, top_k, top_p, uniforms, tokens, row_z, keep_key,
+                                  keep_bits)
     if sample:
-        _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, n, v,
-                                                              BLOCK_M=block_m, BLOCK_V=block_v, num_warps=4)
-    return SequentialHeadResult(tokens, probs if sample else None, conf)
+        _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, keep_key, keep_bits, n,
+                                                              v, FILTERED=filters, BLOCK_M=block_m, BLOCK_V=block_v,
+                                                              num_warps=4)
+    return SequentialHeadResult(tokens[:n], probs if sample else None, conf)
+
+
+def _filtered_requests(temp: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                       v: int) -> torch.Tensor:
+    """``[R]`` bool: the sampled requests whose top-k or top-p may drop tokens of a ``V``-token row."""
+    on = torch.zeros_like(temp, dtype=torch.bool)
+    if top_k is not None:
+        on |= top_k_filters(top_k, v)
+    if top_p is not None:
+        on |= top_p_filters(top_p)
+    return on & (temp > 0)
+
+
+def _sample_filtered_slot(k: int, cu: torch.Tensor, n: int, filtered_req: torch.Tensor, probs: torch.Tensor,
+                          top_k: torch.Tensor | None, top_p: torch.Tensor | None, uniforms: torch.Tensor,
+                          tokens: torch.Tensor, row_z: torch.Tensor, keep_key: torch.Tensor,
+                          keep_bits: torch.Tensor) -> None:
+    """Slot ``k`` of the filtered requests: their rows of ``probs [N, V]`` (the scaled logits ``x`` so far) gathered
+    into ``[R, V]`` and sampled at temperature 1 by :func:`~.rejection_sample.sample_rows`; the tokens, kept masses and
+    cuts are scattered to their rows of ``tokens`` / ``row_z`` / ``keep_key`` / ``keep_bits`` (``[N + 1]``: the other
+    requests write the spare entry ``N``). No host sync."""
+    has_slot = (cu[1:] - cu[:-1]) > k
+    src = (cu[:-1].long() + k).clamp(max=n - 1)
+    active = filtered_req & has_slot
+    dst = torch.where(active, src, n)
+    token, stats = sample_rows(probs[src], active.float(), top_k, top_p, uniforms[src])
+    tokens[dst] = token
+    row_z[dst] = stats.row_z
+    keep_key[dst] = stats.keep_key
+    keep_bits[dst] = stats.keep_bits
 
 
 # ------------------------------------------------------------------------------------------------------ public op
