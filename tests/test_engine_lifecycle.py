@@ -5,6 +5,8 @@ the tiny random target with a briefly trained drafter.
   context) frees every page and leaves the others' tokens unchanged (T = 0) or seeded-identical (T = 1);
 * a fault in the prefill, draft or verify forward fails exactly the requests of that forward (reported as "error"
   with the exception), the others and the queue go on, nothing is lost or duplicated and the pages balance;
+* a streaming callback that raises fails its own request only (at its prefill or mid-run), is not called again,
+  and an exception from a finished request's last callback is recorded without changing how it finished;
 * admission waits while the KV pools cannot hold a request's worst case, instead of failing.
 """
 
@@ -189,3 +191,32 @@ def test_admission_waits_for_room_in_a_full_kv_pool(target, drafter, greedy):  #
     with pytest.raises(ValueError, match="kv_pages must be an int >= 1"):
         make_engine(target, drafter, kv_pages=0)
     assert eng.free_pages == 5
+
+
+def test_a_raising_callback_fails_only_its_request(target, drafter, greedy):  # noqa: F811
+    eng = make_engine(target, drafter, max_batch=3)
+    calls = {}
+
+    def raise_on(count):
+        def on_tokens(rid, new, reason):
+            calls[rid] = calls.get(rid, 0) + 1
+            if calls[rid] == count:
+                raise RuntimeError(f"client {rid} went away")
+        return on_tokens
+
+    at_prefill = eng.add_request(PROMPTS[0], NEW, on_tokens=raise_on(1))
+    mid_run = eng.add_request(PROMPTS[1], NEW, on_tokens=raise_on(3))
+    keep = eng.add_request(PROMPTS[2], NEW, on_tokens=lambda rid, new, reason: None)
+    at_end = eng.add_request(PROMPTS[3], NEW, on_tokens=lambda rid, new, reason: 1 / 0 if reason else None)
+    assert eng.step() == [at_prefill]  # failed at its prefill: no round for it; at_end waits (max_batch 3)
+    drain(eng)
+    for rid, count in ((at_prefill, 1), (mid_run, 3)):
+        req = eng.requests[rid]
+        assert req.reason == "error" and req.error == f"RuntimeError: client {rid} went away"
+        assert calls[rid] == count  # not called again
+        assert 1 <= len(req.tokens) < NEW and req.tokens == greedy[rid][:len(req.tokens)]
+    assert eng.requests[keep].tokens == greedy[2] and eng.requests[keep].reason == "length"
+    finished = eng.requests[at_end]
+    assert finished.tokens == greedy[3] and finished.reason == "length"
+    assert finished.error == "on_tokens raised ZeroDivisionError: division by zero"
+    assert pages_balance(eng)

@@ -19,8 +19,9 @@ An emitted EOS ends a request (later tokens dropped), as does ``max_new_tokens``
 and free their target and drafter caches. So do aborted requests (:meth:`Engine.abort`, at any point, also from a
 streaming callback) and failed ones: a forward that raises (prefill, draft or verify) fails the requests of that
 forward (``finish_reason`` "error", the exception in ``Request.error``), frees their pages, and the engine goes on
-with the others. Admission reserves each request's worst case (prompt + max_new_tokens + gamma + 1 tokens) in pages
-of the KV pools (``kv_pages``); a queued request waits, in order, until its reservation fits.
+with the others; a streaming callback that raises fails its own request the same way, at the end of the step.
+Admission reserves each request's worst case (prompt + max_new_tokens + gamma + 1 tokens) in pages of the KV pools
+(``kv_pages``); a queued request waits, in order, until its reservation fits.
 
 Randomness is counter-based per request (round t of seed s uses (s, t)),
 so a request's output depends only on its own seed, its verify lengths and each round's draft width (a block
@@ -64,8 +65,10 @@ __all__ = ["Engine", "PolicyError", "Request", "run_closed_loop"]
 class Request:
     """One request's parameters and state; ``tokens``: its new tokens; ``rounds``: its noise counter (prefill = 0);
     ``t_start``/``t_end``: wall clock at admission (its prefill step) and at finishing; ``reason``: None while it
-    runs, then "eos", "length", "aborted" or "error" (``error``: the exception); ``on_tokens(rid, new_tokens,
-    reason)``: its streaming callback, ``streamed`` the tokens it has been given; ``pages``: the KV pages its worst
+    runs, then "eos", "length", "aborted" or "error" (``error``: the exception, of a forward or of its callback);
+    ``on_tokens(rid, new_tokens, reason)``: its streaming callback, ``streamed`` the tokens it has been given (a
+    callback that raises fails its request if it still runs, records the exception, and is not called again);
+    ``pages``: the KV pages its worst
     case (prompt + max_new_tokens + gamma + 1 tokens) reserves at admission."""
 
     rid: int
@@ -189,6 +192,7 @@ class Engine:
         self._reserved: dict[int, int] = {}  # pages reserved per admitted request (its worst case)
         self._in_step = False
         self._abort_later: set[int] = set()
+        self._fail_later: dict[int, BaseException] = {}
         self.requests: dict[int, Request] = {}
         self.pending: list[int] = []
         self.live: list[int] = []
@@ -282,7 +286,14 @@ class Engine:
             if req.on_tokens is not None and (len(req.tokens) > req.streamed or req.reason is not None):
                 new = req.tokens[req.streamed:]
                 req.streamed = len(req.tokens)
-                req.on_tokens(i, new, req.reason)
+                try:
+                    req.on_tokens(i, new, req.reason)
+                except Exception as err:  # the caller's code failed: its request fails (at the end of the step)
+                    req.on_tokens = None
+                    if req.reason is None:
+                        self._fail_later[i] = err
+                    else:
+                        req.error = f"on_tokens raised {type(err).__name__}: {err}"
 
     def _sampling(self, rids: Sequence[int]) -> Sampling:
         rs = [self.requests[i] for i in rids]
@@ -357,13 +368,19 @@ class Engine:
         return done + self._apply_aborts()
 
     def _apply_aborts(self) -> list[int]:
-        """End the running requests a callback aborted during this step; returns them."""
-        aborted = [i for i in self._abort_later if self.requests[i].reason is None]
+        """End the running requests a callback aborted (or whose callback raised) during this step; returns them."""
+        failed = {i: err for i, err in self._fail_later.items() if self.requests[i].reason is None}
+        aborted = [i for i in self._abort_later if self.requests[i].reason is None and i not in failed]
         self._abort_later.clear()
+        self._fail_later.clear()
+        ended = aborted + list(failed)
+        if ended:
+            self.live = [i for i in self.live if i not in ended]
         if aborted:
-            self.live = [i for i in self.live if i not in aborted]
             self._end(aborted, "aborted", time.perf_counter())
-        return aborted
+        for i, err in failed.items():
+            self._end([i], "error", time.perf_counter(), err)
+        return ended
 
     def _scheduled(self, call, *args):
         """``call(*args)`` of the policy; with a clock, its wall time (``time.perf_counter``, so the rounds' clock
