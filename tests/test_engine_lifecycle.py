@@ -32,6 +32,16 @@ def pages_balance(eng: Engine) -> bool:
             and eng.dstate.num_free_pages == eng.dstate.num_pages and eng.free_pages == eng.kv_pages)
 
 
+def on_call(count: int, action, calls: dict):
+    """A streaming callback that counts its calls per request in ``calls`` and runs ``action(rid)`` at call
+    ``count``."""
+    def on_tokens(rid, new, reason):
+        calls[rid] = calls.get(rid, 0) + 1
+        if calls[rid] == count:
+            action(rid)
+    return on_tokens
+
+
 def drain(eng: Engine) -> list[int]:
     finished = []
     while eng.has_work:
@@ -48,12 +58,11 @@ def test_abort_at_every_phase_frees_pages_and_leaves_the_others_unchanged(target
     eng = make_engine(target, drafter, max_batch=2)
     calls = {}
 
+    def abort(rid):
+        assert eng.abort(rid)
+
     def abort_on(count):
-        def on_tokens(rid, new, reason):
-            calls[rid] = calls.get(rid, 0) + 1
-            if calls[rid] == count:
-                assert eng.abort(rid)
-        return on_tokens
+        return on_call(count, abort, calls)
 
     at_prefill = eng.add_request(PROMPTS[0], NEW, on_tokens=abort_on(1))  # aborted by its first callback
     keep = eng.add_request(PROMPTS[1], NEW)
@@ -197,12 +206,11 @@ def test_a_raising_callback_fails_only_its_request(target, drafter, greedy):  # 
     eng = make_engine(target, drafter, max_batch=3)
     calls = {}
 
+    def went_away(rid):
+        raise RuntimeError(f"client {rid} went away")
+
     def raise_on(count):
-        def on_tokens(rid, new, reason):
-            calls[rid] = calls.get(rid, 0) + 1
-            if calls[rid] == count:
-                raise RuntimeError(f"client {rid} went away")
-        return on_tokens
+        return on_call(count, went_away, calls)
 
     at_prefill = eng.add_request(PROMPTS[0], NEW, on_tokens=raise_on(1))
     mid_run = eng.add_request(PROMPTS[1], NEW, on_tokens=raise_on(3))
