@@ -1,10 +1,12 @@
-"""Scheduler speed: prefix_survival + select_verify_lengths_alg1, the reference on CPU and Triton on CUDA.
+"""Scheduler speed: prefix_survival + select_verify_lengths_alg1 (``alg1``), or the production variant's
+capacity_unconstrained + select_verify_lengths_topk (``prod``, the capacity from the same survivals), the reference
+on CPU (host scans up to 256 slots) and Triton on CUDA.
 
-Shapes: R in {1, 64, 256} requests, gamma = 16 draft slots each (N = 16 R). Bytes ~ the [N] float32 logits read,
-survival written, the sort's key/index traffic and the three scan passes (~ 16 N * 4); FLOPs ~ N log2 N (the sort).
-Every record carries ``scheduler_s`` (median seconds per schedule) and, against a modelled target step (H200
-roofline, 8e9 parameters, a verify batch of R (1 + gamma) tokens), ``pct_of_target_step``: the DSpark goal is a
-scheduler cost below 1% of a target step at R = 256, gamma = 16.
+Shapes: R in {1, 8, 64, 256} requests (1, 64, 256 on CUDA), gamma = 16 draft slots each (N = 16 R). Bytes ~ the
+[N] float32 logits read, survival written, the sort's key/index traffic and the three scan passes (~ 16 N * 4);
+FLOPs ~ N log2 N (the sort). Every record carries ``scheduler_s`` (median seconds per schedule) and, against a
+modelled target step (H200 roofline, 8e9 parameters, a verify batch of R (1 + gamma) tokens),
+``pct_of_target_step``: the DSpark goal is a scheduler cost below 1% of a target step at R = 256, gamma = 16.
 """
 
 import math
@@ -13,14 +15,19 @@ import pytest
 import torch
 
 from dspark_kernels.engine.sps import analytic_roofline
-from dspark_kernels.ops import prefix_survival, select_verify_lengths_alg1
+from dspark_kernels.ops import (
+    capacity_unconstrained,
+    prefix_survival,
+    select_verify_lengths_alg1,
+    select_verify_lengths_topk,
+)
 from perf.roofline import record, sync
 
 GAMMA = 16
 TARGET_PARAMS = 8e9
 
 
-def _run(benchmark, device, r, impl):
+def _run(benchmark, device, r, impl, scheme="alg1"):
     gen = torch.Generator().manual_seed(r)
     n = r * GAMMA
     logits = (2 + 2 * torch.randn(n, generator=gen)).to(device)
@@ -31,14 +38,18 @@ def _run(benchmark, device, r, impl):
 
     def step():
         a = prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
-        select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
+        if scheme == "alg1":
+            select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
+        else:
+            k = capacity_unconstrained(a, cu, sps, impl=impl, check_inputs=False)
+            select_verify_lengths_topk(a, cu, k, impl=impl, check_inputs=False)
         sync(device)
 
     step()
     benchmark(step)
     record(
         benchmark,
-        shapes={"R": r, "gamma": GAMMA, "N": n},
+        shapes={"R": r, "gamma": GAMMA, "N": n, "scheme": scheme},
         bytes_moved=16.0 * n * 4,
         flops=n * math.log2(max(n, 2)),
         impl=impl,
@@ -57,9 +68,10 @@ def _run(benchmark, device, r, impl):
     )
 
 
-@pytest.mark.parametrize("r", [1, 64, 256])
-def test_survival_schedule_reference_cpu(benchmark, r):
-    _run(benchmark, torch.device("cpu"), r, "torch")
+@pytest.mark.parametrize("scheme", ["alg1", "prod"])
+@pytest.mark.parametrize("r", [1, 8, 64, 256])
+def test_survival_schedule_reference_cpu(benchmark, r, scheme):
+    _run(benchmark, torch.device("cpu"), r, "torch", scheme)
 
 
 @pytest.mark.parametrize("r", [1, 64, 256])

@@ -83,7 +83,7 @@ def lengths_from_count(
     return lens.to(torch.int32)
 
 
-HOST_SLOTS = 256  # on the CPU, Algorithm 1 over at most this many slots runs as a Python scan (see below)
+HOST_SLOTS = 256  # on the CPU, Algorithm 1, capacity and top-K over at most this many slots run as Python scans
 
 
 def select_verify_lengths_alg1_ref(
@@ -93,7 +93,7 @@ def select_verify_lengths_alg1_ref(
 
     CPU tensors with at most ``HOST_SLOTS`` slots take :func:`alg1_host` (the same result; a serving round's few dozen
     slots cost less as a Python scan than as the ~40 small tensor ops of :func:`alg1_vectorised`)."""
-    if survival.device.type == "cpu" and survival.numel() <= HOST_SLOTS:
+    if _on_host(survival):
         return alg1_host(survival, cu_num_draft_tokens, sps_table)
     return alg1_vectorised(survival, cu_num_draft_tokens, sps_table)
 
@@ -108,36 +108,79 @@ def alg1_vectorised(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, s
     return lengths_from_count(count, a_sorted, req_sorted, pos_sorted, r)
 
 
+def _host_order(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor) -> tuple[int, list[tuple[float, int, int]]]:
+    """:func:`candidate_order` on the host: ``(R, [(-a, j, r)] sorted)`` (float32 values compare as their bit
+    patterns do; ties by lower j, then lower r)."""
+    a = (survival.float() + 0.0).tolist()
+    cu = cu_num_draft_tokens.tolist()
+    r = len(cu) - 1
+    return r, sorted((-a[i], i - cu[q], q) for q in range(r) for i in range(cu[q], cu[q + 1]))
+
+
+def _host_thetas(order: list[tuple[float, int, int]], r: int, sps_table: torch.Tensor):
+    """:func:`theta_path` on the host, lazily: ``theta_k`` for k = 0..N (``-inf`` for a zero survival or past the
+    table), the running sum in float64 in the sorted order as ``cumsum`` adds it."""
+    bmax = sps_table.numel() - 1
+    table = sps_table[: min(bmax, r + len(order)) + 1].double().tolist()
+    yield r * table[r] if r <= bmax else float("-inf")
+    total = 0.0
+    for k, (neg_a, _, _) in enumerate(order, 1):
+        total += -neg_a
+        yield (r + total) * table[r + k] if neg_a < 0 and r + k <= bmax else float("-inf")
+
+
+def _host_lengths(order: list[tuple[float, int, int]], count: int, r: int) -> torch.Tensor:
+    """:func:`lengths_from_count` on the host: ``[R]`` int32 on the CPU."""
+    lens = [0] * r
+    for neg_a, pos, q in order[:count]:
+        if neg_a < 0:
+            lens[q] = max(lens[q], pos + 1)
+    return torch.tensor(lens, dtype=torch.int32)
+
+
 def alg1_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
     """Algorithm 1 as a Python scan over host values, bit for bit :func:`alg1_vectorised` (CPU tensors only).
 
     Same order (survival high first, then lower j, then lower r; float32 values compare as their bit patterns do),
     same float64 Theta (``R + running sum``, summed in the sorted order as ``cumsum`` does), same strict-improvement
     early stop; ``[R]`` int32 on the CPU."""
-    a = (survival.float() + 0.0).tolist()
-    cu = cu_num_draft_tokens.tolist()
-    r = len(cu) - 1
-    bmax = sps_table.numel() - 1
-    table = sps_table[: min(bmax, r + len(a)) + 1].double().tolist()
-    order = sorted((-a[i], i - cu[q], q) for q in range(r) for i in range(cu[q], cu[q + 1]))
-    lens = [0] * r
-    best = r * table[r] if r <= bmax else float("-inf")
-    total = 0.0
-    for k, (neg_a, pos, q) in enumerate(order, 1):
-        total += -neg_a
-        batch = r + k
-        theta = (r + total) * table[batch] if neg_a < 0 and batch <= bmax else float("-inf")
+    r, order = _host_order(survival, cu_num_draft_tokens)
+    thetas = _host_thetas(order, r, sps_table)
+    best, count = next(thetas), 0
+    for theta in thetas:  # the leading run of strict improvements
         if not theta > best:
             break
-        best = theta
-        lens[q] = max(lens[q], pos + 1)
-    return torch.tensor(lens, dtype=torch.int32)
+        best, count = theta, count + 1
+    return _host_lengths(order, count, r)
+
+
+def topk_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
+    """:func:`select_verify_lengths_topk_ref`'s tensor path as a host scan, bit for bit (CPU tensors only)."""
+    r, order = _host_order(survival, cu_num_draft_tokens)
+    return _host_lengths(order, max(int(budget.reshape(())), 0), r)
+
+
+def capacity_host(survival_stale: torch.Tensor, cu_stale: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
+    """:func:`capacity_unconstrained_ref`'s tensor path as a host scan, bit for bit: the first k maximising Theta
+    over the whole sorted path; ``[1]`` int64 on the CPU."""
+    r, order = _host_order(survival_stale, cu_stale)
+    thetas = list(_host_thetas(order, r, sps_table))
+    return torch.tensor([thetas.index(max(thetas))], dtype=torch.int64)
+
+
+def _on_host(survival: torch.Tensor) -> bool:
+    """A CPU call small enough for the host scans (a serving round's few dozen slots cost less as a Python scan than
+    as the ~20-40 small tensor ops of the vectorised paths)."""
+    return survival.device.type == "cpu" and survival.numel() <= HOST_SLOTS
 
 
 def select_verify_lengths_topk_ref(
     survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, budget: torch.Tensor
 ) -> torch.Tensor:
-    """Admit the ``budget`` highest-survival slots (a > 0 only) in the candidate order."""
+    """Admit the ``budget`` highest-survival slots (a > 0 only) in the candidate order (a small CPU call: the host
+    scan :func:`topk_host`)."""
+    if _on_host(survival):
+        return topk_host(survival, cu_num_draft_tokens, budget)
     r = cu_num_draft_tokens.numel() - 1
     a_sorted, req_sorted, pos_sorted = candidate_order(survival, cu_num_draft_tokens)
     return lengths_from_count(budget.reshape(()), a_sorted, req_sorted, pos_sorted, r)
@@ -146,7 +189,10 @@ def select_verify_lengths_topk_ref(
 def capacity_unconstrained_ref(
     survival_stale: torch.Tensor, cu_stale: torch.Tensor, sps_table: torch.Tensor
 ) -> torch.Tensor:
-    """The k maximising Theta over the whole sorted path (no early stop; first maximum on ties); ``[1]`` int64."""
+    """The k maximising Theta over the whole sorted path (no early stop; first maximum on ties); ``[1]`` int64 (a
+    small CPU call: the host scan :func:`capacity_host`)."""
+    if _on_host(survival_stale):
+        return capacity_host(survival_stale, cu_stale, sps_table)
     r = cu_stale.numel() - 1
     a_sorted, _, _ = candidate_order(survival_stale, cu_stale)
     return theta_path(a_sorted, r, sps_table).argmax().reshape(1)

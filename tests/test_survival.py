@@ -513,10 +513,14 @@ def test_bad_inputs():
             op(first, [0, 2, 3], sps)
 
 
-def test_alg1_host_scan_equals_the_tensor_path():
-    """The CPU's host scan of Algorithm 1 gives the vectorised path's lengths bit for bit: ties in survival (the
-    (j, r) tie-break), zero survivals, empty requests, equal Theta steps (strict improvement), tables shorter than
-    R + N, and non-monotone tables."""
+def test_alg1_host_scan_equals_the_tensor_path(monkeypatch):
+    """The CPU's host scans (Algorithm 1, and the production variant's capacity and top-K) give the vectorised
+    paths' results bit for bit: ties in survival (the (j, r) tie-break), zero survivals, empty requests, equal Theta
+    steps (strict improvement; first maximum), tables shorter than R + N, non-monotone tables, budgets past the
+    candidates."""
+    from dspark_kernels.reference import survival as ref
+
+    host_slots = ref.HOST_SLOTS
     gen = torch.Generator().manual_seed(11)
     levels = torch.tensor([0.0, 0.125, 0.25, 0.5, 0.75, 1.0])
     for trial in range(600):
@@ -540,6 +544,13 @@ def test_alg1_host_scan_equals_the_tensor_path():
         want = alg1_vectorised(a, cu, sps)
         got = alg1_host(a, cu, sps)
         assert got.dtype == torch.int32 and torch.equal(got, want), (rows, sps.tolist())
+        budget = torch.randint(0, a.numel() + 3, (1,), generator=gen)
+        host = (ref.capacity_unconstrained_ref(a, cu, sps), ref.select_verify_lengths_topk_ref(a, cu, budget))
+        monkeypatch.setattr(ref, "HOST_SLOTS", -1)  # the tensor paths
+        tensor = (ref.capacity_unconstrained_ref(a, cu, sps), ref.select_verify_lengths_topk_ref(a, cu, budget))
+        monkeypatch.setattr(ref, "HOST_SLOTS", host_slots)
+        for got, want in zip(host, tensor):
+            assert got.dtype == want.dtype and torch.equal(got, want), (rows, sps.tolist(), budget)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
