@@ -531,7 +531,7 @@ def rejection_sample_triton(
        token, re-reading only the final row and the rejected draft's row.
     """
     dev = target_logits.device
-    rows, v = target_logits.shape
+    v = target_logits.shape[1]
     r = cu_num_draft_tokens.numel() - 1
     cfg = _config(dev)
     out = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)

@@ -387,7 +387,9 @@ def sequential_head_triton(
     temp = temperature.float().contiguous()
     anchors = anchor_tokens.contiguous()
     blocks = triton.cdiv(r, block_m)
-    filtered_req = _filtered_requests(temp, top_k, top_p, v) if filters else None
+    if filters:
+        filtered_req = _filtered_requests(temp, top_k, top_p, v)
+        starts, lens = cu[:-1].long(), (cu[1:] - cu[:-1]).long()
     for k in range(max_len):
         if kind:
             _slot_latent_kernel[(blocks,)](
@@ -408,8 +410,8 @@ def sequential_head_triton(
             BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
         )
         if filters:
-            _sample_filtered_slot(k, cu, n, filtered_req, probs, top_k, top_p, uniforms, tokens, row_z, keep_key,
-                                  keep_bits)
+            _sample_filtered_slot(k, starts, lens, n, filtered_req, probs, top_k, top_p, uniforms, tokens, row_z,
+                                  keep_key, keep_bits)
     if sample:
         _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, keep_key, keep_bits, n,
                                                               v, FILTERED=filters, BLOCK_M=block_m, BLOCK_V=block_v,
@@ -428,17 +430,17 @@ def _filtered_requests(temp: torch.Tensor, top_k: torch.Tensor | None, top_p: to
     return on & (temp > 0)
 
 
-def _sample_filtered_slot(k: int, cu: torch.Tensor, n: int, filtered_req: torch.Tensor, probs: torch.Tensor,
-                          top_k: torch.Tensor | None, top_p: torch.Tensor | None, uniforms: torch.Tensor,
-                          tokens: torch.Tensor, row_z: torch.Tensor, keep_key: torch.Tensor,
+def _sample_filtered_slot(k: int, starts: torch.Tensor, lens: torch.Tensor, n: int, filtered_req: torch.Tensor,
+                          probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                          uniforms: torch.Tensor, tokens: torch.Tensor, row_z: torch.Tensor, keep_key: torch.Tensor,
                           keep_bits: torch.Tensor) -> None:
     """Slot ``k`` of the filtered requests: their rows of ``probs [N, V]`` (the scaled logits ``x`` so far) gathered
     into ``[R, V]`` and sampled at temperature 1 by :func:`~.rejection_sample.sample_rows`; the tokens, kept masses and
     cuts are scattered to their rows of ``tokens`` / ``row_z`` / ``keep_key`` / ``keep_bits`` (``[N + 1]``: the other
-    requests write the spare entry ``N``). No host sync."""
-    has_slot = (cu[1:] - cu[:-1]) > k
-    src = (cu[:-1].long() + k).clamp(max=n - 1)
-    active = filtered_req & has_slot
+    requests write the spare entry ``N``). ``starts`` / ``lens [R]``: each request's first row and slot count. No host
+    sync."""
+    src = (starts + k).clamp(max=n - 1)
+    active = filtered_req & (lens > k)
     dst = torch.where(active, src, n)
     token, stats = sample_rows(probs[src], active.float(), top_k, top_p, uniforms[src])
     tokens[dst] = token
