@@ -33,7 +33,7 @@ RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_
            "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr",
            "cand_ptr")
 RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
-          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr")
+          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr", "row_map_ptr")
 RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
 
 
@@ -43,7 +43,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     va = importlib.import_module(ops + "verify_attention")._DEFAULTS
     dba = importlib.import_module(ops + "draft_block_attention")._DEFAULTS
     rs = importlib.import_module(ops + "rejection_sample")._DEFAULTS
-    sh = importlib.import_module(ops + "sequential_head")._DEFAULTS
+    head_mod = importlib.import_module(ops + "sequential_head")
+    sh = head_mod._DEFAULTS
     sv = importlib.import_module(ops + "survival")._DEFAULTS
     att = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, PAGE_SIZE=16, DOT_F32=False, PRECISION="tf32")
     io = {**{n: "*bf16" for n in ("Q", "K", "V", "Out", "KB", "VB", "KC", "VC")},
@@ -79,9 +80,10 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     specs.append(("rejection_sample", "_cut_candidates_kernel", rs_types,
                   {**filters, "CANDIDATES": rs["CANDIDATES"], "CHUNKS_P2": 32}, {"num_warps": 4}))
     specs.append(("rejection_sample", "_row_merge_kernel", rs_types, {"CHUNKS_P2": 32}, {"num_warps": 1}))
-    for top_p in (False, True):
+    for top_p, row_map in ((False, False), (True, False), (True, True)):
         specs.append(("rejection_sample", "_cut_level_kernel", rs_types,
-                      dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, **chunks), launch(rs)))
+                      dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, ROW_MAP=row_map, **chunks),
+                      launch(rs)))
     specs.append(("rejection_sample", "_accept_kernel", rs_types,
                   dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True, HAS_DRAFT_COUNTER=True), {"num_warps": 1}))
     specs.append(("rejection_sample", "_last_chunk_sums_kernel", rs_types, dict(HAS_DRAFT_PROBS=True, **tiles),
@@ -91,20 +93,30 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     head = {"logits_ptr": "*bf16", "hidden_ptr": "*bf16", "anchor_ptr": "*i64", "cu_ptr": "*i32", "w1_ptr": "*bf16",
             "w2_ptr": "*bf16", "gate_w_ptr": "*bf16", "rnn_w_ptr": "*bf16", "conf_w_ptr": "*bf16",
             "tokens_ptr": "*i64", "part_arg_ptr": "*i32", "top_k_ptr": "*i64", "keep_key_ptr": "*i64",
-            "keep_bits_ptr": "*i64"}
+            "keep_bits_ptr": "*i64", "filt_ptr": "*i32", "req_row_ptr": "*i64", "req_key_ptr": "*i64",
+            "req_bits_ptr": "*i64", "req_res_ptr": "*i32"}
     fp32 = ("gate_h_ptr", "rnn_h_ptr", "state_ptr", "conf_h_ptr", "lat_ptr", "conf_ptr", "temp_ptr", "ws_ptr",
-            "part_ptr", "top_p_ptr", "u_ptr", "row_max_ptr", "row_z_ptr")
+            "part_ptr", "top_p_ptr", "u_ptr", "row_max_ptr", "row_z_ptr", "cand_ptr", "gcand_ptr", "gmass_ptr",
+            "tile_max_ptr", "req_t_ptr", "req_max_ptr", "req_z_ptr")
     head.update({n: "*fp32" for n in fp32})
     for kind in (1, 2, 3):
         specs.append(("sequential_head", "_slot_latent_kernel", head,
                       dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64, BLOCK_C=32), {"num_warps": 8}))
+    group = dict(GROUP_TILES=head_mod.GROUP_V // sh["BLOCK_V"], CANDIDATES=sh["CANDIDATES"])
     for kind in range(4):
-        specs.append(("sequential_head", "_slot_vocab_kernel", head,
-                      dict(KIND=kind, STORE=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64),
-                      launch(sh)))
+        for filtered in (False, True):
+            specs.append(("sequential_head", "_slot_vocab_kernel", head,
+                          dict(KIND=kind, STORE=True, FILTERED=filtered, CANDIDATES=sh["CANDIDATES"],
+                               BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64), launch(sh)))
     specs.append(("sequential_head", "_slot_draw_kernel", head,
-                  dict(HAS_TOP_K=True, HAS_TOP_P=True, SAMPLE=True, BLOCK_T=2048, BLOCK_V=sh["BLOCK_V"]),
+                  dict(SAMPLE=True, FILTERED=True, BLOCK_T=2048, BLOCK_V=sh["BLOCK_V"]), {"num_warps": 4}))
+    specs.append(("sequential_head", "_group_candidates_kernel", head,
+                  dict(**group, GROUP_CANDIDATES=head_mod.GROUP_CANDIDATES), {"num_warps": 4}))
+    specs.append(("sequential_head", "_group_mass_kernel", head,
+                  dict(GROUP_CANDIDATES=head_mod.GROUP_CANDIDATES, GROUP_V=head_mod.GROUP_V, BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))
+    specs.append(("sequential_head", "_filtered_draw_kernel", head,
+                  dict(**group, GROUPS_P2=32, BLOCK_V=sh["BLOCK_V"]), {"num_warps": 4}))
     specs.append(("sequential_head", "_normalise_kernel", head,
                   dict(FILTERED=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))

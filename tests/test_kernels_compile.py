@@ -23,7 +23,7 @@ RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_
            "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr",
            "cand_ptr")
 RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
-          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr")
+          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr", "row_map_ptr")
 RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
 
 def build(module, name, types, consts):
@@ -54,9 +54,10 @@ for dt in ("bf16", "fp16", "fp32"):
           **{n: "*i32" for n in RS_I32}}
     build("rejection_sample", "_chunk_stats_kernel", rs, dict(HAS_TOP_K=True, HAS_TOP_P=True, CANDIDATES=64,
                                                              CHUNK_V=8192, BLOCK_V=1024))
-    for top_p in (False, True):
+    for top_p, row_map in ((False, False), (True, False), (True, True)):
         build("rejection_sample", "_cut_level_kernel", rs,
-              dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, CHUNK_V=8192, BLOCK_V=1024, CHUNKS_P2=32))
+              dict(TOP_P=top_p, HAS_TOP_K=True, HAS_TOP_P=True, LAST=False, ROW_MAP=row_map, CHUNK_V=8192,
+                   BLOCK_V=1024, CHUNKS_P2=32))
     build("rejection_sample", "_last_chunk_sums_kernel", rs, dict(HAS_DRAFT_PROBS=True, CHUNK_V=8192, BLOCK_V=1024))
     build("rejection_sample", "_draw_kernel", rs, dict(HAS_DRAFT_PROBS=True, RESID_EPS=1e-8, CHUNK_V=8192,
                                                       BLOCK_V=1024, CHUNKS_P2=32))

@@ -4,6 +4,8 @@ degenerate kinds, and input validation."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -128,6 +130,32 @@ def test_parity_top_k_top_p(kind):
     )
     res = run_both(args)
     assert bool(((res.draft_probs[3:5] > 0).sum(dim=1) == 1).all())  # request 1 has top-k 1
+
+
+def test_parity_filtered_rows_by_candidates_and_by_radix_select(monkeypatch):
+    """Filtered rows over several candidate groups: rows whose tile candidates settle the cuts (random rows, small
+    k) and rows they cannot (a top-k set crowded into one tile, a flat row under top-p), which take the radix select;
+    both kinds must occur, and every token and row matches the reference."""
+    op = importlib.import_module("dspark_kernels.ops.sequential_head")
+    monkeypatch.setattr(op, "GROUP_V", 1024)  # 1100 columns in 2 groups of 8 tiles
+    seen = []
+    radix = op.radix_cuts
+
+    def spy(values, row_map, row_req, temp, top_k, top_p, stats, cfg):
+        seen.append((temp > 0) & (stats.by_candidates == 0))
+        seen.append((temp > 0) & (stats.by_candidates != 0))
+        radix(values, row_map, row_req, temp, top_k, top_p, stats, cfg)
+
+    monkeypatch.setattr(op, "radix_cuts", spy)
+    args = make_args([2, 3, 2, 1], 1100, "vanilla", r=4, temps=[1.0, 0.8, 1.0, 1.0], top_k=[5, 40, 0, 3],
+                     top_p=[1.0, 0.9, 0.6, 0.95])
+    args["base_logits"][2:5, 600:640] += 30.0  # request 1: its top-40 set in one 128-column tile
+    args["base_logits"][5:7] = 0.0  # request 2: a flat row under top-p 0.6
+    args["weights"] = args["weights"]._replace(w2=args["weights"].w2 * 0.01)
+    run_both(args)
+    unresolved, resolved = torch.stack(seen[0::2]), torch.stack(seen[1::2])
+    assert bool(unresolved[:, 1].any()) and bool(unresolved[:, 2].any())
+    assert bool(resolved[:2, 0].all()) and bool(resolved[:1, 3].all())  # every slot of requests 0 (2) and 3 (1)
 
 
 @pytest.mark.parametrize("v", [1023, 1025, 4097])
@@ -451,12 +479,14 @@ from triton.compiler import ASTSource
 import importlib
 op = importlib.import_module("dspark_kernels.ops.sequential_head")
 
-INT64 = ("tokens_ptr", "part_arg_ptr", "top_k_ptr", "keep_key_ptr", "keep_bits_ptr")
+INT64 = ("tokens_ptr", "part_arg_ptr", "top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "req_row_ptr", "req_key_ptr",
+         "req_bits_ptr")
+INT32 = ("cu_ptr", "anchor_ptr", "filt_ptr", "req_res_ptr")
 
 def build(kernel, consts):
     names = kernel.arg_names
-    sig = {n: "constexpr" if n in consts else ("*i64" if n in INT64 else "*i32" if n in ("cu_ptr", "anchor_ptr")
-           else "*fp32") if n.endswith("_ptr") else "i32" for n in names}
+    sig = {n: "constexpr" if n in consts else ("*i64" if n in INT64 else "*i32" if n in INT32 else "*fp32")
+           if n.endswith("_ptr") else "i32" for n in names}
     if "part_arg_ptr" in sig:
         sig["part_arg_ptr"] = "*i32"
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
@@ -465,10 +495,14 @@ def build(kernel, consts):
 for kind in (1, 2, 3):
     build(op._slot_latent_kernel, dict(KIND=kind, HAS_CONF=True, BLOCK_M=16, BLOCK_R=64, BLOCK_C=32))
 for kind in range(4):
-    for store in (True, False):
-        build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, BLOCK_M=16, BLOCK_V=128, BLOCK_R=64))
-for sample in (True, False):
-    build(op._slot_draw_kernel, dict(HAS_TOP_K=True, HAS_TOP_P=True, SAMPLE=sample, BLOCK_T=2048, BLOCK_V=128))
+    for store, filtered in ((True, True), (True, False), (False, False)):
+        build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, FILTERED=filtered, CANDIDATES=16, BLOCK_M=16,
+                                          BLOCK_V=128, BLOCK_R=64))
+for sample, filtered in ((True, True), (True, False), (False, False)):
+    build(op._slot_draw_kernel, dict(SAMPLE=sample, FILTERED=filtered, BLOCK_T=2048, BLOCK_V=128))
+build(op._group_candidates_kernel, dict(CANDIDATES=16, GROUP_TILES=64, GROUP_CANDIDATES=64))
+build(op._group_mass_kernel, dict(GROUP_CANDIDATES=64, GROUP_V=8192, BLOCK_V=128))
+build(op._filtered_draw_kernel, dict(CANDIDATES=16, GROUP_TILES=64, GROUPS_P2=32, BLOCK_V=128))
 for filtered in (True, False):
     build(op._normalise_kernel, dict(FILTERED=filtered, BLOCK_M=16, BLOCK_V=128))
 print("compiled")

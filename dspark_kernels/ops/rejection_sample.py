@@ -64,7 +64,8 @@ from ._validate import (
     check_tensor,
 )
 
-__all__ = ["RejectionResult", "rejection_noise", "rejection_sample", "rejection_sample_triton", "sample_rows"]
+__all__ = ["RejectionResult", "candidate_cuts", "radix_cuts", "rejection_noise", "rejection_sample",
+           "rejection_sample_triton", "sampling_config"]
 
 # CHUNK_V: vocab columns per program of the row passes (a multiple of BLOCK_V, the tile each loop step loads);
 # CANDIDATES: the largest scaled values each chunk keeps for the top-k / top-p cuts (a power of two <= BLOCK_V; 0 = off,
@@ -212,12 +213,13 @@ def _cut_candidates_kernel(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, cand_ptr
 
 
 @triton.jit
-def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_max_ptr, row_z_ptr,
+def _cut_level_kernel(logits_ptr, row_map_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_max_ptr, row_z_ptr,
                       keep_key_ptr, keep_bits_ptr, resolved_ptr, need_ptr, prefix_ptr, above_ptr, hist_in_ptr,
                       hist_out_ptr, rows, V, n_chunks, level,
                       TOP_P: tl.constexpr, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, LAST: tl.constexpr,
-                      CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr):
-    """Program (row, chunk), level ``level`` of a row's cut by radix select (:mod:`._radix_select`).
+                      ROW_MAP: tl.constexpr, CHUNK_V: tl.constexpr, BLOCK_V: tl.constexpr, CHUNKS_P2: tl.constexpr):
+    """Program (row, chunk), level ``level`` of a row's cut by radix select (:mod:`._radix_select`). The row's
+    values are ``logits`` row ``row_map[row]`` (``ROW_MAP``) or ``row``, divided by its temperature.
 
     Rows the candidates resolved (:func:`_cut_candidates_kernel`) are skipped.
     ``TOP_P = False``: the top-k cut, the key of the k-th largest scaled logit (weights 1, need k).
@@ -268,6 +270,9 @@ def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, r
                         else:
                             tl.store(keep_key_ptr + row, prefix)
         if (not LAST) & (p_on | (level == 0) | (not TOP_P)):
+            src = row
+            if ROW_MAP:
+                src = tl.load(row_map_ptr + row)
             m = tl.load(row_max_ptr + row)
             keep_key = tl.load(keep_key_ptr + row)
             offs = tl.arange(0, BLOCK_V)
@@ -275,7 +280,7 @@ def _cut_level_kernel(logits_ptr, row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, r
             for start in range(chunk * CHUNK_V, tl.minimum(chunk * CHUNK_V + CHUNK_V, V), BLOCK_V):
                 idx = start + offs
                 valid = idx < V
-                scaled = tl.load(logits_ptr + row * V + idx, mask=valid, other=0.0).to(tl.float32) / t_eff
+                scaled = tl.load(logits_ptr + src * V + idx, mask=valid, other=0.0).to(tl.float32) / t_eff
                 if TOP_P:
                     e = tl.where(ordered_key(scaled) >= keep_key, tl.exp(scaled - m), 0.0)
                     acc += chunk_histogram(bits_key(e), e, valid, prefix, level)
@@ -484,23 +489,55 @@ def target_row_stats(logits: torch.Tensor, row_req: torch.Tensor, temp: torch.Te
                                CHUNKS_P2=chunks_p2, num_warps=1)
     if not filtered:
         return stats
-    resolved = stats.by_candidates
     if cands:
-        _cut_candidates_kernel[(rows,)](row_req, temp, tk, tp, cand, stats.row_max, stats.row_z, stats.keep_key,
-                                        stats.keep_bits, resolved, v, n_chunks, **flags, CANDIDATES=cands,
-                                        CHUNKS_P2=chunks_p2, num_warps=4)
+        candidate_cuts(cand, row_req, temp, top_k, top_p, stats, v)
+    radix_cuts(logits, None, row_req, temp, top_k, top_p, stats, cfg)
+    return stats
+
+
+def candidate_cuts(cand: torch.Tensor, row_req: torch.Tensor, temp: torch.Tensor, top_k: torch.Tensor | None,
+                   top_p: torch.Tensor | None, stats: TargetRowStats, v: int) -> None:
+    """The top-k / top-p cuts and kept mass of the filtered rows whose candidates suffice
+    (:func:`_cut_candidates_kernel`, one program per row), written in place to ``stats``, which also marks them in
+    ``by_candidates``. ``cand [rows, chunks, C]``: each chunk's ``C`` largest values, descending, with the floor
+    contract of that kernel; ``row_req [rows]`` int32: each row's request (``temp``, ``top_k``, ``top_p`` are
+    per request); ``stats.row_max`` and ``stats.row_z`` (the row's mass) must be set; ``v``: the row length."""
+    rows, n_chunks, cands = cand.shape
+    dev = cand.device
+    _cut_candidates_kernel[(rows,)](row_req, temp, _or_dummy(top_k, torch.int64, dev),
+                                    _or_dummy(top_p, torch.float32, dev), cand, stats.row_max, stats.row_z,
+                                    stats.keep_key, stats.keep_bits, stats.by_candidates, v, n_chunks,
+                                    HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, CANDIDATES=cands,
+                                    CHUNKS_P2=triton.next_power_of_2(n_chunks), num_warps=4)
+
+
+def radix_cuts(values: torch.Tensor, row_map: torch.Tensor | None, row_req: torch.Tensor, temp: torch.Tensor,
+               top_k: torch.Tensor | None, top_p: torch.Tensor | None, stats: TargetRowStats, cfg: dict) -> None:
+    """The top-k / top-p cuts of the filtered rows that ``stats.by_candidates`` does not mark resolved, by radix
+    select over (row, vocab chunk) programs: ``LEVELS + 1`` launches per cut, each reading those rows once (the
+    programs of other rows load a few scalars and return). Row ``i`` (``row_req [rows]`` int32: its request) is
+    ``values`` row ``row_map[i]`` (``[rows]`` int64; None: row ``i``) divided by its request's ``temp``; its
+    ``row_max`` must be set. Writes the rows' ``keep_key`` / ``keep_bits`` (0 where no cut) and kept mass
+    ``row_z`` in place."""
+    dev = values.device
+    rows, v = row_req.numel(), values.shape[1]
+    n_chunks = triton.cdiv(v, cfg["CHUNK_V"])
+    f32 = dict(dtype=torch.float32, device=dev)
     hist = torch.empty((2, rows, n_chunks, 16), **f32)
-    prefix, above = torch.zeros((LEVELS + 1, rows), **i64), torch.zeros((LEVELS + 1, rows), **f32)  # row 0: level 0's
+    prefix = torch.zeros((LEVELS + 1, rows), dtype=torch.int64, device=dev)  # row 0: level 0's
+    above = torch.zeros((LEVELS + 1, rows), **f32)
     need = torch.empty(rows, **f32)
+    tk, tp = _or_dummy(top_k, torch.int64, dev), _or_dummy(top_p, torch.float32, dev)
     for top_p_cut in (False, True) if top_k is not None else (True,):
         levels = LEVELS if top_p is not None or not top_p_cut else 1  # top-k only: level 1 stores the kept mass
         for level in range(levels + 1):
             _cut_level_kernel[(rows, n_chunks)](
-                logits, row_req, temp, tk, tp, stats.row_max, stats.row_z, stats.keep_key, stats.keep_bits, resolved,
-                need, prefix, above, hist[(level + 1) % 2], hist[level % 2], rows, v, n_chunks, level,
-                TOP_P=top_p_cut, **flags, LAST=level == LEVELS, CHUNK_V=chunk_v, BLOCK_V=block_v,
-                CHUNKS_P2=chunks_p2, num_warps=warps)
-    return stats
+                values, _or_dummy(row_map, torch.int64, dev), row_req, temp, tk, tp, stats.row_max, stats.row_z,
+                stats.keep_key, stats.keep_bits, stats.by_candidates, need, prefix, above, hist[(level + 1) % 2],
+                hist[level % 2], rows, v, n_chunks, level, TOP_P=top_p_cut, HAS_TOP_K=top_k is not None,
+                HAS_TOP_P=top_p is not None, LAST=level == LEVELS, ROW_MAP=row_map is not None,
+                CHUNK_V=cfg["CHUNK_V"], BLOCK_V=cfg["BLOCK_V"], CHUNKS_P2=triton.next_power_of_2(n_chunks),
+                num_warps=cfg["num_warps"])
 
 
 def rejection_sample_triton(
@@ -533,7 +570,7 @@ def rejection_sample_triton(
     dev = target_logits.device
     v = target_logits.shape[1]
     r = cu_num_draft_tokens.numel() - 1
-    cfg = _config(dev)
+    cfg = sampling_config(dev)
     out = torch.full((r, max_spec_len + 1), -1, dtype=torch.int64, device=dev)
     num_acc = torch.zeros(r, dtype=torch.int32, device=dev)
     if r == 0:
@@ -580,26 +617,7 @@ def _draw_last_tokens(drafts: torch.Tensor, cu: torch.Tensor, draft_probs: torch
                        CHUNKS_P2=triton.next_power_of_2(n_chunks), **tiles)
 
 
-def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
-                top_p: torch.Tensor | None, uniforms: torch.Tensor) -> tuple[torch.Tensor, TargetRowStats]:
-    """Sample every row of ``logits [rows, V]`` with its own ``temperature [rows]`` (0 = argmax), ``top_k`` /
-    ``top_p [rows]`` and ``uniforms [rows]``: :func:`rejection_sample_triton` with no drafts (the same filters and
-    inverse-CDF draw), parallel over (row, vocab chunk). Returns ``tokens [rows]`` int64 and the rows' statistics and
-    cuts (:class:`TargetRowStats`), from which ``p = e / row_z`` on the kept entries is the distribution drawn from.
-    Inputs are not checked (callers are kernels' launchers)."""
-    dev = logits.device
-    rows = logits.shape[0]
-    cfg = _config(dev)
-    logits, temp = logits.contiguous(), temperature.float().contiguous()
-    stats = target_row_stats(logits, torch.arange(rows, dtype=torch.int32, device=dev), temp, top_k, top_p, cfg)
-    out = torch.empty((rows, 1), dtype=torch.int64, device=dev)
-    none = torch.zeros(rows + 1, dtype=torch.int32, device=dev)  # no drafts: every request draws from its one row
-    _draw_last_tokens(torch.zeros(1, dtype=torch.int64, device=dev), none, None, logits, temp, none[:rows],
-                      torch.arange(rows, device=dev), stats, uniforms.contiguous(), out, cfg)
-    return torch.where(temp > 0, out[:, 0], stats.row_arg.long()), stats
-
-
-def _config(device: torch.device) -> dict:
+def sampling_config(device: torch.device) -> dict:
     """The launch config of the row passes (autotune store or defaults), checked."""
     cfg = launch_config("rejection_sample", _DEFAULTS, device)
     if cfg["CHUNK_V"] % cfg["BLOCK_V"]:

@@ -59,12 +59,18 @@ from ._validate import (
     check_shape,
     check_tensor,
 )
-from .rejection_sample import sample_rows
+from .rejection_sample import TargetRowStats, candidate_cuts, radix_cuts, sampling_config
 
 __all__ = ["MarkovBiasRows", "SequentialHeadResult", "SequentialHeadWeights", "sequential_head",
            "sequential_head_triton"]
 
-_DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "num_warps": 8}  # no spills on sm_80 / sm_90 (perf/kernel_resources.py)
+# CANDIDATES: the largest x per (filtered request, vocab tile) the vocab launch keeps for the top-k / top-p cuts (a
+# power of two <= BLOCK_V)
+_DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "CANDIDATES": 8, "num_warps": 8}  # no spills on sm_80 / sm_90
+# the filtered rows' tile candidates are merged per group of GROUP_V columns (a multiple of BLOCK_V) into its
+# GROUP_CANDIDATES largest, the candidates of the cuts
+GROUP_V = 8192
+GROUP_CANDIDATES = 64
 RNN_COLUMNS = 32  # state columns per step of the rnn latent: at rank 64, whole [r, r] tiles spilled 488 B, 32
 # columns of all three gates 312-320 B, of (a, c) then o 148-200 B
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
@@ -76,18 +82,25 @@ DOT_PRECISION = tl.constexpr("tf32x3")
 # --------------------------------------------------------------------------------------------------------- kernels
 # The slots of a request depend on each other (slot k's bias needs token k-1), so the launcher walks the slots; each
 # slot is vocab-parallel over every request at once:
-#   latent   grid (R / BLOCK_M)                 previous tokens -> Markov embedding -> latent [R, r] (+ confidence)
-#   vocab    grid (V / BLOCK_V, R / BLOCK_M)    scaled logits tile = (U + lat @ w2) / T through tl.dot: w2 is read
-#                                               once per slot for all requests; per (request, tile) max, argmax, min
-#                                               and sum of exp(x - tile max); sampled rows keep x in the draft rows
-#   draw     grid (R)                           merge the tiles' statistics (online max / sum-exp): argmax, or the
+#   latent  grid (R / BLOCK_M)                  previous tokens -> Markov embedding -> latent [R, r] (+ confidence)
+#   vocab   grid (V / BLOCK_V, R / BLOCK_M)     per tile: scaled logits x = (U + lat @ w2) / T through tl.dot (w2
+#                                               is read once per slot for all requests); per (request, tile) max,
+#                                               argmax and sum of exp(x - tile max); sampled rows keep x in the draft
+#                                               rows; filtered rows (top-k / top-p) keep the tile's CANDIDATES largest
+#   draw    grid (R)                            merge the tiles' statistics (online max / sum-exp): argmax, or the
 #                                               inverse-CDF draw: the tile from the tiles' masses, the index from that
 #                                               one tile
-#   filtered rows (top-k / top-p), when any request has filters: the slot's rows gathered into [R, V] and sampled by
-#   rejection_sample.sample_rows (one read of each row over (row, vocab chunk) programs, cuts from the chunks' largest
-#   values, the draw from chunk sums); their kept mass and cuts go to the normalise pass
+#   filtered rows, when any request has filters (_FilteredSlot), without re-reading the rows:
+#     group candidates  grid (R, V / GROUP_V)   the GROUP_CANDIDATES largest of a group's tile candidates
+#     cuts              grid (R)                top-k / top-p cuts and kept mass from the candidates
+#                                               (rejection_sample.candidate_cuts); rows they do not settle take the
+#                                               radix select (rejection_sample.radix_cuts, which reads them)
+#     group mass        grid (R, V / GROUP_V)   each group's kept mass, from its candidates
+#     filtered draw     grid (R)                the group from the groups' masses, the tile from its tile candidates,
+#                                               the index from that tile's x; kept mass and cuts for the normalise
 # and after the last slot
-#   normalise grid (V / BLOCK_V, N / BLOCK_M)   draft rows = exp(x - max) / Z, or one-hot for greedy rows
+#   normalise grid (V / BLOCK_V, N / BLOCK_M)   draft rows = exp(x - max) / Z, or one-hot for greedy rows; a
+#                                               filtered row reads only the tiles whose max passes its cuts
 # The hidden-state terms of every slot (the gate/rnn inputs, the confidence dot) are one GEMM before the slot loop.
 
 
@@ -191,13 +204,16 @@ def _slot_latent_kernel(
 
 @triton.jit
 def _slot_vocab_kernel(
-    logits_ptr, cu_ptr, lat_ptr, w2_ptr, s_w2r, s_w2v, temp_ptr, ws_ptr, part_ptr, part_arg_ptr,
-    R, V, RANK, k, NT,
-    KIND: tl.constexpr, STORE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+    logits_ptr, cu_ptr, lat_ptr, w2_ptr, s_w2r, s_w2v, temp_ptr, ws_ptr, part_ptr, part_arg_ptr, filt_ptr, cand_ptr,
+    tile_max_ptr, R, V, RANK, k, NT,
+    KIND: tl.constexpr, STORE: tl.constexpr, FILTERED: tl.constexpr, CANDIDATES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """One vocab tile of slot ``k`` for ``BLOCK_M`` requests: ``x = (U.float() + lat @ w2) / t_eff`` (``STORE``:
     written to the draft rows of sampled requests), and per request the tile's max, lowest-index argmax and
-    ``sum(exp(x - max))`` into ``part [2, R, NT]`` / ``part_arg [R, NT]``."""
+    ``sum(exp(x - max))`` into ``part [2, R, NT]`` / ``part_arg [R, NT]``. With ``FILTERED``, the requests that
+    ``filt [R]`` marks (top-k / top-p) also keep the tile's ``CANDIDATES`` largest ``x``, descending, in
+    ``cand [R, NT, CANDIDATES]`` (-inf past the vocabulary), and its max in their rows of ``tile_max [N, NT]``."""
     tile = tl.program_id(0)
     m, active, row = _block_rows(cu_ptr, R, k, tl.program_id(1), BLOCK_M)
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -217,30 +233,40 @@ def _slot_vocab_kernel(
         tl.store(ws_ptr + offs, x, mask=on & (t > 0.0)[:, None])
     xm = tl.where(on, x, float("-inf"))
     t_max = tl.max(xm, 1)
-    t_arg = tl.argmax(xm, 1) + tile * BLOCK_V
-    t_sum = tl.sum(tl.where(on, tl.exp(x - t_max[:, None]), 0.0), 1)
     at = m.to(tl.int64) * NT + tile
-    plane = R * NT
     tl.store(part_ptr + at, t_max, mask=active)
-    tl.store(part_ptr + plane + at, t_sum, mask=active)
-    tl.store(part_arg_ptr + at, t_arg, mask=active)
+    tl.store(part_ptr + R * NT + at, tl.sum(tl.where(on, tl.exp(x - t_max[:, None]), 0.0), 1), mask=active)
+    tl.store(part_arg_ptr + at, tl.argmax(xm, 1) + tile * BLOCK_V, mask=active)
+    if FILTERED:
+        f = active & (tl.load(filt_ptr + m, mask=active, other=0) != 0)
+        if tl.max(f.to(tl.int32), 0) > 0:
+            j = tl.arange(0, CANDIDATES)
+            tl.store(cand_ptr + at[:, None] * CANDIDATES + j[None, :], tl.topk(xm, CANDIDATES), mask=f[:, None])
+            tl.store(tile_max_ptr + row * NT + tile, t_max, mask=f)
 
 
 @triton.jit
 def _slot_draw_kernel(
-    cu_ptr, temp_ptr, top_k_ptr, top_p_ptr, u_ptr, part_ptr, part_arg_ptr, ws_ptr, tokens_ptr, row_max_ptr,
-    row_z_ptr, R, V, k, NT,
-    HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, SAMPLE: tl.constexpr, BLOCK_T: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    cu_ptr, temp_ptr, filt_ptr, u_ptr, part_ptr, part_arg_ptr, ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr,
+    req_t_ptr, req_row_ptr, req_max_ptr, req_z_ptr, req_key_ptr, req_bits_ptr, req_res_ptr, R, V, k, NT,
+    SAMPLE: tl.constexpr, FILTERED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     """Request ``req``'s slot ``k``: merge the tiles' statistics into the row max ``M`` and argmax; greedy takes the
     argmax. A sampled row without filters draws by inverse CDF against ``u * Z`` (``Z = sum_t s_t exp(m_t - M)``):
-    the tile from the tiles' masses, the index from that tile's ``exp(x - M)``. A filtered row (top-k / top-p) is
-    left to the launcher's vocab-parallel :func:`~.rejection_sample.sample_rows`, which writes its token, ``Z`` (the
-    kept mass) and cuts. ``row_z``: ``Z`` (the normalise pass divides by it) or -1 (greedy: one-hot)."""
+    the tile from the tiles' masses, the index from that tile's ``exp(x - M)``. ``row_z``: ``Z`` (the normalise pass
+    divides by it) or -1 (greedy: one-hot).
+
+    With ``FILTERED``, a row that ``filt [R]`` marks is left to the filtered-row launches: this program sets the
+    request's slot state ``req_* [R]`` (``req_t`` 1, its row, ``M``, ``Z``, no cuts, not resolved); ``req_t`` is 0
+    for every other request."""
     req = tl.program_id(0).to(tl.int64)
     start = tl.load(cu_ptr + req).to(tl.int64)
-    if k < tl.load(cu_ptr + req + 1).to(tl.int64) - start:
+    has_slot = k < tl.load(cu_ptr + req + 1).to(tl.int64) - start
+    filtered = has_slot & (k < 0)  # False, as a tensor
+    if FILTERED:
+        filtered = has_slot & (tl.load(filt_ptr + req) != 0)
+        tl.store(req_t_ptr + req, tl.where(filtered, 1.0, 0.0))
+    if has_slot:
         row = start + k
         ti = tl.arange(0, BLOCK_T)
         tv = ti < NT
@@ -250,20 +276,18 @@ def _slot_draw_kernel(
         best = tl.max(p_max, 0)
         token = tl.min(tl.where(p_max == best, tl.load(part_arg_ptr + at, mask=tv, other=V), V), 0).to(tl.int64)
         if SAMPLE:
-            t = tl.load(temp_ptr + req)
             z = tl.full((), -1.0, tl.float32)
-            if t > 0.0:
-                filtered = k < 0
-                if HAS_TOP_K:
-                    kk = tl.load(top_k_ptr + req)
-                    filtered = filtered | ((kk > 0) & (kk < V))
-                if HAS_TOP_P:
-                    filtered = filtered | (tl.load(top_p_ptr + req) < 1.0)
-                ws_row = ws_ptr + row * V
-                if not filtered:
-                    mass = tl.where(tv, tl.load(part_ptr + plane + at, mask=tv, other=0.0) * tl.exp(p_max - best),
-                                    0.0)
-                    z = tl.sum(mass, 0)
+            if tl.load(temp_ptr + req) > 0.0:
+                mass = tl.where(tv, tl.load(part_ptr + plane + at, mask=tv, other=0.0) * tl.exp(p_max - best), 0.0)
+                z = tl.sum(mass, 0)
+                if filtered:
+                    tl.store(req_row_ptr + req, row)
+                    tl.store(req_max_ptr + req, best)
+                    tl.store(req_z_ptr + req, z)
+                    tl.store(req_key_ptr + req, 0)
+                    tl.store(req_bits_ptr + req, 0)
+                    tl.store(req_res_ptr + req, 0)
+                else:
                     target = tl.load(u_ptr + row) * z
                     hit = (mass > 0.0) & (tl.cumsum(mass, 0) > target)
                     pick = tl.min(tl.where(hit, ti, NT), 0)
@@ -271,7 +295,8 @@ def _slot_draw_kernel(
                     running = tl.sum(tl.where(ti < pick, mass, 0.0), 0)
                     idx = pick * BLOCK_V + tl.arange(0, BLOCK_V)
                     valid = idx < V
-                    e = tl.where(valid, tl.exp(tl.load(ws_row + idx, mask=valid, other=float("-inf")) - best), 0.0)
+                    e = tl.where(valid, tl.exp(tl.load(ws_ptr + row * V + idx, mask=valid, other=float("-inf")) - best),
+                                 0.0)
                     found = tl.zeros((), dtype=tl.int64) + V
                     last = tl.zeros((), dtype=tl.int64) - 1
                     running, found, last = cdf_scan_step(e, idx.to(tl.int64), valid, V, target, running, found, last)
@@ -282,11 +307,122 @@ def _slot_draw_kernel(
 
 
 @triton.jit
-def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, N, V,
-                      FILTERED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+def _kept_weights(x, m, keep_key, keep_bits):
+    """``exp(x - m)`` of a filtered row's entries that pass its cuts (keys, 0 = keep all), 0 elsewhere."""
+    e = tl.exp(x - m)
+    return tl.where((ordered_key(x) >= keep_key) & (bits_key(e) >= keep_bits), e, 0.0)
+
+
+@triton.jit
+def _group_candidates_kernel(req_t_ptr, cand_ptr, gcand_ptr, NT, n_groups,
+                             CANDIDATES: tl.constexpr, GROUP_TILES: tl.constexpr, GROUP_CANDIDATES: tl.constexpr):
+    """Program (request, group of ``GROUP_TILES`` vocab tiles) of a filtered slot: the ``GROUP_CANDIDATES`` largest of
+    the group's tile candidates, descending, into ``gcand [R, n_groups, GROUP_CANDIDATES]``, raised to at least the
+    largest tile floor (a full tile's smallest candidate). Every entry of the group above the stored smallest value
+    is then among the stored ones, the floor contract of :func:`~.rejection_sample._cut_candidates_kernel`."""
+    req = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    if tl.load(req_t_ptr + req) > 0.0:
+        t = g * GROUP_TILES + tl.arange(0, GROUP_TILES)
+        j = tl.arange(0, CANDIDATES)
+        c = tl.load(cand_ptr + (req * NT + t[:, None]) * CANDIDATES + j[None, :], mask=(t < NT)[:, None],
+                    other=float("-inf"))
+        floor = tl.max(tl.max(tl.where(j[None, :] == CANDIDATES - 1, c, float("-inf")), 1), 0)
+        top = tl.topk(tl.reshape(c, (GROUP_TILES * CANDIDATES,)), GROUP_CANDIDATES)
+        tl.store(gcand_ptr + (req * n_groups + g) * GROUP_CANDIDATES + tl.arange(0, GROUP_CANDIDATES),
+                 tl.maximum(top, floor))
+
+
+@triton.jit
+def _group_mass_kernel(req_t_ptr, req_row_ptr, req_max_ptr, req_key_ptr, req_bits_ptr, req_res_ptr, gcand_ptr,
+                       ws_ptr, gmass_ptr, V, n_groups,
+                       GROUP_CANDIDATES: tl.constexpr, GROUP_V: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Program (request, group) of a filtered slot: the kept mass of the group's columns under the row's cuts, into
+    ``gmass [R, n_groups]``. A resolved row's kept entries all lie among the group's candidates, so only they are
+    read; an unresolved row's group columns of ``x`` are read."""
+    req = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    if tl.load(req_t_ptr + req) > 0.0:
+        m = tl.load(req_max_ptr + req)
+        keep_key = tl.load(req_key_ptr + req)
+        keep_bits = tl.load(req_bits_ptr + req)
+        if tl.load(req_res_ptr + req) != 0:
+            c = tl.load(gcand_ptr + (req * n_groups + g) * GROUP_CANDIDATES + tl.arange(0, GROUP_CANDIDATES))
+            mass = tl.sum(_kept_weights(c, m, keep_key, keep_bits), 0)
+        else:
+            row_ptr = ws_ptr + tl.load(req_row_ptr + req) * V
+            mass = tl.zeros((), dtype=tl.float32)
+            for start in range(g * GROUP_V, tl.minimum(g * GROUP_V + GROUP_V, V), BLOCK_V):
+                idx = start + tl.arange(0, BLOCK_V)
+                x = tl.load(row_ptr + idx, mask=idx < V, other=float("-inf"))
+                mass += tl.sum(_kept_weights(x, m, keep_key, keep_bits), 0)
+        tl.store(gmass_ptr + req * n_groups + g, mass)
+
+
+@triton.jit
+def _pick(mass, incl, target, n, ids):
+    """The first entry whose inclusive cumulative ``incl`` passes ``target`` with positive ``mass``, else the last
+    with positive mass (rounding); ``n`` entries, ``ids`` their positions."""
+    first = tl.min(tl.where((mass > 0.0) & (incl > target) & (ids < n), ids, n), 0)
+    return tl.where(first < n, first, tl.max(tl.where((mass > 0.0) & (ids < n), ids, -1), 0))
+
+
+@triton.jit
+def _filtered_draw_kernel(req_t_ptr, req_row_ptr, req_max_ptr, req_z_ptr, req_key_ptr, req_bits_ptr, req_res_ptr,
+                          gmass_ptr, cand_ptr, ws_ptr, u_ptr, tokens_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr,
+                          V, NT, n_groups,
+                          CANDIDATES: tl.constexpr, GROUP_TILES: tl.constexpr, GROUPS_P2: tl.constexpr,
+                          BLOCK_V: tl.constexpr):
+    """Program per request of a filtered slot: the token by inverse CDF over the kept ``exp(x - M)`` in vocabulary
+    order. The group from the groups' kept masses; for a resolved row, the tile from that group's tile candidates
+    (they hold every kept entry of their tile); the scan reads ``x`` from there (usually one tile; from the group's
+    start for an unresolved row). Stores the token and the row's kept mass and cuts for the normalise pass."""
+    req = tl.program_id(0).to(tl.int64)
+    if tl.load(req_t_ptr + req) > 0.0:
+        row = tl.load(req_row_ptr + req)
+        m = tl.load(req_max_ptr + req)
+        keep_key = tl.load(req_key_ptr + req)
+        keep_bits = tl.load(req_bits_ptr + req)
+        gi = tl.arange(0, GROUPS_P2)
+        gm = tl.load(gmass_ptr + req * n_groups + gi, mask=gi < n_groups, other=0.0)
+        incl = tl.cumsum(gm, 0)
+        target = tl.load(u_ptr + row) * tl.sum(gm, 0)
+        g = tl.maximum(_pick(gm, incl, target, n_groups, gi), 0)
+        running = tl.sum(tl.where(gi < g, gm, 0.0), 0)
+        start = g.to(tl.int64) * (GROUP_TILES * BLOCK_V)
+        if tl.load(req_res_ptr + req) != 0:
+            ti = tl.arange(0, GROUP_TILES)
+            t = g * GROUP_TILES + ti
+            j = tl.arange(0, CANDIDATES)
+            c = tl.load(cand_ptr + (req * NT + t[:, None]) * CANDIDATES + j[None, :], mask=(t < NT)[:, None],
+                        other=float("-inf"))
+            tm = tl.sum(_kept_weights(c, m, keep_key, keep_bits), 1)
+            tp = tl.maximum(_pick(tm, running + tl.cumsum(tm, 0), target, GROUP_TILES, ti), 0)
+            running += tl.sum(tl.where(ti < tp, tm, 0.0), 0)
+            start += tp * BLOCK_V
+        found = tl.zeros((), dtype=tl.int64) + V
+        last = tl.zeros((), dtype=tl.int64) - 1
+        offs = tl.arange(0, BLOCK_V)
+        while (found == V) & (start < V):
+            idx = start + offs
+            valid = idx < V
+            x = tl.load(ws_ptr + row * V + idx, mask=valid, other=float("-inf"))
+            w = _kept_weights(x, m, keep_key, keep_bits)
+            running, found, last = cdf_scan_step(w, idx, valid, V, target, running, found, last)
+            start += BLOCK_V
+        tl.store(tokens_ptr + row, tl.where(found < V, found, last))
+        tl.store(row_z_ptr + row, tl.load(req_z_ptr + req))
+        tl.store(keep_key_ptr + row, keep_key)
+        tl.store(keep_bits_ptr + row, keep_bits)
+
+
+@triton.jit
+def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, keep_bits_ptr, tile_max_ptr, N, V,
+                      NT, FILTERED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
     """One ``[BLOCK_M, BLOCK_V]`` tile of the draft rows: ``e / Z`` with ``e = exp(x - max)`` where ``Z > 0`` (with
     ``FILTERED``, 0 outside the row's cuts ``keep_key`` / ``keep_bits``: see
-    :class:`~.rejection_sample.TargetRowStats`), the one-hot row of the token where ``Z < 0`` (greedy)."""
+    :class:`~.rejection_sample.TargetRowStats`), the one-hot row of the token where ``Z < 0`` (greedy). A row with
+    cuts reads ``x`` only where the tile's max (``tile_max [N, NT]``) passes them: elsewhere it writes zeros."""
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rv = rows < N
     cols = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -296,11 +432,16 @@ def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, 
     on = rv[:, None] & (cols < V)[None, :]
     offs = rows[:, None].to(tl.int64) * V + cols[None, :]
     norm = (z > 0.0)[:, None]
-    x = tl.load(ws_ptr + offs, mask=on & norm, other=0.0)
-    e = tl.exp(x - best[:, None])
+    read = norm
     if FILTERED:
         keep_key = tl.load(keep_key_ptr + rows, mask=rv, other=0)
         keep_bits = tl.load(keep_bits_ptr + rows, mask=rv, other=0)
+        cut = (keep_key > 0) | (keep_bits > 0)
+        t_max = tl.load(tile_max_ptr + rows.to(tl.int64) * NT + tl.program_id(0), mask=rv & cut, other=float("inf"))
+        read = norm & ((ordered_key(t_max) >= keep_key) & (bits_key(tl.exp(t_max - best)) >= keep_bits))[:, None]
+    x = tl.load(ws_ptr + offs, mask=on & read, other=float("-inf"))
+    e = tl.exp(x - best[:, None])
+    if FILTERED:
         e = tl.where((ordered_key(x) >= keep_key[:, None]) & (bits_key(e) >= keep_bits[:, None]), e, 0.0)
     one_hot = tl.where(cols[None, :] == tok[:, None], 1.0, 0.0)
     p = tl.where(norm, e / tl.where(z > 0.0, z, 1.0)[:, None], one_hot)
@@ -368,13 +509,13 @@ def sequential_head_triton(
     gate_w, s_gw_in, s_gw_out = mat(weights.gate_w)
     rnn_w, s_rw_in, s_rw_out = mat(weights.rnn_w)
     filters = sample and (top_k is not None or top_p is not None)
-    # one spare entry past the rows: where the filtered-row step sends the requests it does not sample
-    tokens = torch.empty(n + 1, dtype=torch.int64, device=dev)
+    tokens = torch.empty(n, dtype=torch.int64, device=dev)
     probs = torch.empty(n, v, dtype=torch.float32, device=dev) if sample else dummy
     row_max = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
-    row_z = torch.empty(n + 1, dtype=torch.float32, device=dev) if sample else dummy
-    keep_key = torch.zeros(n + 1, dtype=torch.int64, device=dev) if filters else dummy
-    keep_bits = torch.zeros(n + 1, dtype=torch.int64, device=dev) if filters else dummy
+    row_z = torch.empty(n, dtype=torch.float32, device=dev) if sample else dummy
+    keep_key = torch.zeros(n, dtype=torch.int64, device=dev) if filters else dummy
+    keep_bits = torch.zeros(n, dtype=torch.int64, device=dev) if filters else dummy
+    tile_max = torch.empty(n, n_tiles, dtype=torch.float32, device=dev) if filters else dummy
     if weights.conf_w is None:
         conf = torch.zeros(n, dtype=torch.float32, device=dev)
     else:
@@ -387,9 +528,9 @@ def sequential_head_triton(
     temp = temperature.float().contiguous()
     anchors = anchor_tokens.contiguous()
     blocks = triton.cdiv(r, block_m)
-    if filters:
-        filtered_req = _filtered_requests(temp, top_k, top_p, v)
-        starts, lens = cu[:-1].long(), (cu[1:] - cu[:-1]).long()
+    filt = _filtered_requests(temp, top_k, top_p, v).to(torch.int32) if filters else dummy
+    slot = _FilteredSlot(r, n_tiles, cfg, dev) if filters else None
+    req = slot.req if filters else (dummy,) * 7
     for k in range(max_len):
         if kind:
             _slot_latent_kernel[(blocks,)](
@@ -400,23 +541,22 @@ def sequential_head_triton(
                 BLOCK_C=min(block_r, RNN_COLUMNS), num_warps=8,
             )
         _slot_vocab_kernel[(n_tiles, blocks)](
-            logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, r, v, rank, k, n_tiles,
-            KIND=kind, STORE=sample, BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_R=block_r, num_warps=cfg["num_warps"],
+            logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, filt, slot.cand if filters else dummy,
+            tile_max, r, v, rank, k, n_tiles,
+            KIND=kind, STORE=sample, FILTERED=filters, CANDIDATES=cfg["CANDIDATES"], BLOCK_M=block_m,
+            BLOCK_V=block_v, BLOCK_R=block_r, num_warps=cfg["num_warps"],
         )
         _slot_draw_kernel[(r,)](
-            cu, temp, opt(top_k), opt(top_p), opt(uniforms), part, part_arg, probs, tokens, row_max, row_z, r, v, k,
-            n_tiles,
-            HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, SAMPLE=sample,
-            BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
+            cu, temp, filt, opt(uniforms), part, part_arg, probs, tokens, row_max, row_z, *req, r, v, k, n_tiles,
+            SAMPLE=sample, FILTERED=filters, BLOCK_T=triton.next_power_of_2(n_tiles), BLOCK_V=block_v, num_warps=4,
         )
         if filters:
-            _sample_filtered_slot(k, starts, lens, n, filtered_req, probs, top_k, top_p, uniforms, tokens, row_z,
-                                  keep_key, keep_bits)
+            slot.sample(probs, top_k, top_p, uniforms, tokens, row_z, keep_key, keep_bits)
     if sample:
-        _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, keep_key, keep_bits, n,
-                                                              v, FILTERED=filters, BLOCK_M=block_m, BLOCK_V=block_v,
-                                                              num_warps=4)
-    return SequentialHeadResult(tokens[:n], probs if sample else None, conf)
+        _normalise_kernel[(n_tiles, triton.cdiv(n, block_m))](probs, tokens, row_max, row_z, keep_key, keep_bits,
+                                                              tile_max, n, v, n_tiles, FILTERED=filters,
+                                                              BLOCK_M=block_m, BLOCK_V=block_v, num_warps=4)
+    return SequentialHeadResult(tokens, probs if sample else None, conf)
 
 
 def _filtered_requests(temp: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
@@ -430,23 +570,56 @@ def _filtered_requests(temp: torch.Tensor, top_k: torch.Tensor | None, top_p: to
     return on & (temp > 0)
 
 
-def _sample_filtered_slot(k: int, starts: torch.Tensor, lens: torch.Tensor, n: int, filtered_req: torch.Tensor,
-                          probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
-                          uniforms: torch.Tensor, tokens: torch.Tensor, row_z: torch.Tensor, keep_key: torch.Tensor,
-                          keep_bits: torch.Tensor) -> None:
-    """Slot ``k`` of the filtered requests: their rows of ``probs [N, V]`` (the scaled logits ``x`` so far) gathered
-    into ``[R, V]`` and sampled at temperature 1 by :func:`~.rejection_sample.sample_rows`; the tokens, kept masses and
-    cuts are scattered to their rows of ``tokens`` / ``row_z`` / ``keep_key`` / ``keep_bits`` (``[N + 1]``: the other
-    requests write the spare entry ``N``). ``starts`` / ``lens [R]``: each request's first row and slot count. No host
-    sync."""
-    src = (starts + k).clamp(max=n - 1)
-    active = filtered_req & (lens > k)
-    dst = torch.where(active, src, n)
-    token, stats = sample_rows(probs[src], active.float(), top_k, top_p, uniforms[src])
-    tokens[dst] = token
-    row_z[dst] = stats.row_z
-    keep_key[dst] = stats.keep_key
-    keep_bits[dst] = stats.keep_bits
+class _FilteredSlot:
+    """Buffers and launches of the filtered rows (top-k / top-p) of one slot, after the vocab and draw launches.
+
+    The vocab launch leaves each filtered request's tile candidates in ``cand [R, NT, CANDIDATES]`` and the draw
+    launch its slot state ``req``: ``req_t`` (1 where the request samples a filtered row at this slot, else 0),
+    ``req_row`` (int64), ``req_max``, ``req_z`` (the row's mass, then its kept mass), ``req_key`` / ``req_bits``
+    (the cuts, int64) and ``req_res`` (int32: resolved by the candidates). :meth:`sample` then runs
+    ``_group_candidates_kernel`` (request x group), the candidate cuts and any radix select of
+    :mod:`.rejection_sample` on the rows of ``x`` in place in the draft rows, ``_group_mass_kernel`` (request x
+    group) and ``_filtered_draw_kernel`` (request). No host sync."""
+
+    def __init__(self, r: int, n_tiles: int, cfg: dict, dev: torch.device) -> None:
+        cands, block_v = cfg["CANDIDATES"], cfg["BLOCK_V"]
+        self.group_tiles = GROUP_V // block_v
+        if cands > block_v or cands & (cands - 1) or GROUP_V % block_v or self.group_tiles * cands < GROUP_CANDIDATES:
+            raise ValueError(f"sequential_head config: CANDIDATES {cands} must be a power of two <= BLOCK_V {block_v}, "
+                             f"and GROUP_V {GROUP_V} a multiple of BLOCK_V holding >= {GROUP_CANDIDATES} candidates")
+        self.n_groups = triton.cdiv(n_tiles, self.group_tiles)
+        self.cfg, self.n_tiles = cfg, n_tiles
+        f32, i64 = dict(dtype=torch.float32, device=dev), dict(dtype=torch.int64, device=dev)
+        self.cand = torch.empty(r, n_tiles, cands, **f32)
+        self.gcand = torch.empty(r, self.n_groups, GROUP_CANDIDATES, **f32)
+        self.gmass = torch.empty(r, self.n_groups, **f32)
+        self.stats = TargetRowStats(torch.empty(r, **f32), torch.empty(r, **f32), None, torch.empty(r, **i64),
+                                    torch.empty(r, **i64), torch.empty(r, dtype=torch.int32, device=dev))
+        self.req_t, self.req_row = torch.zeros(r, **f32), torch.zeros(r, **i64)
+        self.req = (self.req_t, self.req_row, self.stats.row_max, self.stats.row_z, self.stats.keep_key,
+                    self.stats.keep_bits, self.stats.by_candidates)
+        self.row_req = torch.arange(r, dtype=torch.int32, device=dev)
+
+    def sample(self, probs: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+               uniforms: torch.Tensor, tokens: torch.Tensor, row_z: torch.Tensor, keep_key: torch.Tensor,
+               keep_bits: torch.Tensor) -> None:
+        """Cut and draw this slot's filtered rows of ``x`` (in ``probs``); write their tokens, kept masses and cuts
+        to their rows of ``tokens`` / ``row_z`` / ``keep_key`` / ``keep_bits``."""
+        r, v = self.req_t.numel(), probs.shape[1]
+        cfg, stats = self.cfg, self.stats
+        grid = (r, self.n_groups)
+        tiles = dict(CANDIDATES=cfg["CANDIDATES"], GROUP_TILES=self.group_tiles)
+        _group_candidates_kernel[grid](self.req_t, self.cand, self.gcand, self.n_tiles, self.n_groups, **tiles,
+                                       GROUP_CANDIDATES=GROUP_CANDIDATES, num_warps=4)
+        candidate_cuts(self.gcand, self.row_req, self.req_t, top_k, top_p, stats, v)
+        radix_cuts(probs, self.req_row, self.row_req, self.req_t, top_k, top_p, stats, sampling_config(probs.device))
+        _group_mass_kernel[grid](*self.req[:3], *self.req[4:], self.gcand, probs, self.gmass, v, self.n_groups,
+                                 GROUP_CANDIDATES=GROUP_CANDIDATES, GROUP_V=GROUP_V, BLOCK_V=cfg["BLOCK_V"],
+                                 num_warps=4)
+        _filtered_draw_kernel[(r,)](*self.req, self.gmass, self.cand, probs, uniforms, tokens, row_z, keep_key,
+                                    keep_bits, v, self.n_tiles, self.n_groups, **tiles,
+                                    GROUPS_P2=triton.next_power_of_2(self.n_groups), BLOCK_V=cfg["BLOCK_V"],
+                                    num_warps=4)
 
 
 # ------------------------------------------------------------------------------------------------------ public op
