@@ -71,8 +71,8 @@ _DEFAULTS = {"BLOCK_V": 128, "BLOCK_M": 16, "CANDIDATES": 8, "num_warps": 8}  # 
 # GROUP_CANDIDATES largest, the candidates of the cuts
 GROUP_V = 8192
 GROUP_CANDIDATES = 64
-RNN_COLUMNS = 32  # state columns per step of the rnn latent: at rank 64, whole [r, r] tiles spilled 488 B, 32
-# columns of all three gates 312-320 B, of (a, c) then o 148-200 B
+RNN_COLUMNS = 32  # state columns per step of the rnn latent, and the width of the state / embedding slices it
+# multiplies: at rank 64, whole [r, r] tiles spilled 488 B; 32 columns from whole [16, r] operands 148-200 B
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
 # float32 products on tensor cores at about float32 accuracy (three tf32 products); the interpreter computes them in
 # float32 whatever the precision
@@ -115,16 +115,23 @@ def _weight_tile(w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R: tl.constexpr, 
 
 
 @triton.jit
-def _rnn_part(pre, on, s, e, rnn_w_ptr, e_rows, s_in, s_out, col0, n_cols, RANK, BLOCK_R: tl.constexpr,
+def _rnn_part(pre, on, s_rows, e_rows, active, rnn_w_ptr, e_w_ptr, s_in, s_out, col0, n_cols, RANK,
               BLOCK_C: tl.constexpr):
     """``BLOCK_C`` columns from ``col0`` (``n_cols`` of them real) of the rnn pre-activation: the hidden-state term
     at ``pre + col0`` plus ``s @ rnn_w_s + e @ rnn_w_e`` (``rnn_w``'s state rows, then its embedding rows from
-    ``e_rows``)."""
+    ``e_w_ptr``), summed over ``BLOCK_C``-wide slices of ``s`` and ``e`` loaded from their rows (``s_rows``,
+    ``e_rows``: ``[BLOCK_M, 1]`` pointers), so no whole ``[BLOCK_M, r]`` operand is held in registers."""
     x = tl.load(pre + col0, mask=on, other=0.0)
-    x += tl.dot(s, _weight_tile(rnn_w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R, BLOCK_C),
-                input_precision=DOT_PRECISION)
-    return x + tl.dot(e, _weight_tile(e_rows, s_in, s_out, col0, RANK, n_cols, BLOCK_R, BLOCK_C),
-                      input_precision=DOT_PRECISION)
+    kk = tl.arange(0, BLOCK_C)
+    for k0 in range(0, RANK, BLOCK_C):
+        ok = active[:, None] & (k0 + kk < RANK)[None, :]
+        s = tl.load(s_rows + k0 + kk[None, :], mask=ok, other=0.0)
+        e = tl.load(e_rows + k0 + kk[None, :], mask=ok, other=0.0).to(tl.float32)
+        x += tl.dot(s, _weight_tile(rnn_w_ptr + k0 * s_in, s_in, s_out, col0, RANK - k0, n_cols, BLOCK_C, BLOCK_C),
+                    input_precision=DOT_PRECISION)
+        x += tl.dot(e, _weight_tile(e_w_ptr + k0 * s_in, s_in, s_out, col0, RANK - k0, n_cols, BLOCK_C, BLOCK_C),
+                    input_precision=DOT_PRECISION)
+    return x
 
 
 @triton.jit
@@ -152,7 +159,8 @@ def _slot_latent_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """Slot ``k`` of ``BLOCK_M`` requests: ``e = w1[x_{k-1}]`` (the anchor at ``k = 0``), the latent ``lat [R, r]``
-    (vanilla ``e``; gated ``sigmoid(gate_h + e @ gate_w_e) * e``; rnn ``tanh(o)`` with the state updated in place),
+    (vanilla ``e``; gated ``sigmoid(gate_h + e @ gate_w_e) * e``; rnn ``tanh(o)``, the state ``[2, R, r]`` read
+    from buffer ``k % 2`` and updated into the other),
     and the confidence logit ``conf_h + e . conf_w_e``. ``gate_h``/``rnn_h``/``conf_h`` hold the hidden-state terms
     (biases included) of every slot."""
     m, active, row = _block_rows(cu_ptr, R, k, tl.program_id(0), BLOCK_M)
@@ -170,29 +178,28 @@ def _slot_latent_kernel(
         g += tl.dot(e, _weight_tile(gate_w_ptr + D * s_gw_in, s_gw_in, s_gw_out, 0, RANK, RANK, BLOCK_R, BLOCK_R),
                     input_precision=DOT_PRECISION)
         lat = tl.sigmoid(g) * e
-    else:  # rnn: the state's columns in chunks of BLOCK_C (whole [r, r] tiles would not fit in registers), the
-        # state update's two gates in one pass and the output's in another, so fewer weight tiles are live at once
-        s = tl.load(state_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], mask=on, other=0.0)
-        e_rows = rnn_w_ptr + RANK * s_rw_in
+    else:  # rnn: BLOCK_C columns of a, c and o at a time, from BLOCK_C-wide slices of s and e (whole [r, r] tiles
+        # and whole [BLOCK_M, r] operands do not fit in registers); the state is double-buffered, slot k reading
+        # buffer k % 2 and writing the other, so every slice read is of the previous state
+        s_in = state_ptr + (k % 2) * R * RANK + m[:, None].to(tl.int64) * RANK
+        s_out = state_ptr + ((k + 1) % 2) * R * RANK + m[:, None].to(tl.int64) * RANK
+        e_rows = w1_ptr + prev[:, None] * s_w1
+        e_w = rnn_w_ptr + RANK * s_rw_in
         j = tl.arange(0, BLOCK_C)
-        for c0 in range(0, RANK, BLOCK_C):  # the state update: gate a and candidate c
+        for c0 in range(0, RANK, BLOCK_C):
             cols = c0 + j
             on_c = active[:, None] & (cols < RANK)[None, :]
             pre = rnn_h_ptr + row[:, None] * (3 * RANK) + j[None, :]
             n_cols = RANK - c0
-            a = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, c0, n_cols, RANK, BLOCK_R, BLOCK_C)
-            cc = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, RANK + c0, n_cols, RANK, BLOCK_R,
-                           BLOCK_C)
+            a = _rnn_part(pre, on_c, s_in, e_rows, active, rnn_w_ptr, e_w, s_rw_in, s_rw_out, c0, n_cols, RANK,
+                          BLOCK_C)
+            cc = _rnn_part(pre, on_c, s_in, e_rows, active, rnn_w_ptr, e_w, s_rw_in, s_rw_out, RANK + c0, n_cols,
+                           RANK, BLOCK_C)
             gate = tl.sigmoid(a)
-            s_ptrs = state_ptr + m[:, None] * RANK + cols[None, :]
-            s_old = tl.load(s_ptrs, mask=on_c, other=0.0)  # this chunk's columns, not yet updated
-            tl.store(s_ptrs, gate * s_old + (1.0 - gate) * _tanh(cc), mask=on_c)
-        for c0 in range(0, RANK, BLOCK_C):  # the output o, from the same (previous) state s
-            cols = c0 + j
-            on_c = active[:, None] & (cols < RANK)[None, :]
-            pre = rnn_h_ptr + row[:, None] * (3 * RANK) + j[None, :]
-            o = _rnn_part(pre, on_c, s, e, rnn_w_ptr, e_rows, s_rw_in, s_rw_out, 2 * RANK + c0, RANK - c0, RANK,
-                          BLOCK_R, BLOCK_C)
+            s_old = tl.load(s_in + cols[None, :], mask=on_c, other=0.0)
+            tl.store(s_out + cols[None, :], gate * s_old + (1.0 - gate) * _tanh(cc), mask=on_c)
+            o = _rnn_part(pre, on_c, s_in, e_rows, active, rnn_w_ptr, e_w, s_rw_in, s_rw_out, 2 * RANK + c0, n_cols,
+                          RANK, BLOCK_C)
             tl.store(lat_ptr + m[:, None] * RANK + cols[None, :], _tanh(o), mask=on_c)
     if KIND != 3:
         tl.store(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :], lat, mask=on)
@@ -521,7 +528,7 @@ def sequential_head_triton(
     else:
         conf = conf_h if kind == 0 else torch.empty(n, dtype=torch.float32, device=dev)
     lat = torch.empty(r, max(rank, 1), dtype=torch.float32, device=dev)
-    state = torch.zeros(r, rank, dtype=torch.float32, device=dev) if weights.kind == "rnn" else dummy
+    state = torch.zeros(2, r, rank, dtype=torch.float32, device=dev) if weights.kind == "rnn" else dummy
     part = torch.empty(2, r, n_tiles, dtype=torch.float32, device=dev)
     part_arg = torch.empty(r, n_tiles, dtype=torch.int32, device=dev)
     logits = base_logits.contiguous()
