@@ -24,7 +24,28 @@ def slot_maps(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def prefix_survival_ref(
     conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
 ) -> torch.Tensor:
-    """``a[r, j] = prod_{i <= j} sigmoid(logit[r, i] / T[i])`` over each request's slots; ``[N]`` float32."""
+    """``a[r, j] = prod_{i <= j} sigmoid(logit[r, i] / T[i])`` over each request's slots; ``[N]`` float32.
+
+    On the CPU, when every request has the same number of slots (a serving round's drafts), the slots already form
+    the dense ``[R, width]`` matrix :func:`prefix_survival_ragged` builds, so the same three ops run on a view of them
+    (bit for bit the same result, without its index maps: about 10 instead of 60 us a round)."""
+    n = conf_logits.numel()
+    r = cu_num_draft_tokens.numel() - 1
+    if conf_logits.device.type == "cpu" and cu_num_draft_tokens.device.type == "cpu" and r and n and n % r == 0:
+        width = n // r
+        if cu_num_draft_tokens.tolist() == list(range(0, n + 1, width)):
+            logits = conf_logits.float().view(r, width)
+            if position_temperatures is not None:
+                logits = logits / position_temperatures.float()[:width]
+            return torch.sigmoid(logits).cumprod(dim=1).view(n)
+    return prefix_survival_ragged(conf_logits, cu_num_draft_tokens, position_temperatures)
+
+
+def prefix_survival_ragged(
+    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
+) -> torch.Tensor:
+    """:func:`prefix_survival_ref` for any offsets, as tensor ops (no host sync): the slots scattered into a dense
+    ``[R, width]`` matrix padded with ones, its cumulative product along the slots, gathered back."""
     n = conf_logits.numel()
     r = cu_num_draft_tokens.numel() - 1
     req, pos = slot_maps(cu_num_draft_tokens, n)

@@ -23,7 +23,14 @@ from dspark_kernels.ops import (
     select_verify_lengths_alg1,
     select_verify_lengths_topk,
 )
-from dspark_kernels.reference.survival import alg1_host, alg1_vectorised, candidate_order, theta_path
+from dspark_kernels.reference.survival import (
+    alg1_host,
+    alg1_vectorised,
+    candidate_order,
+    prefix_survival_ragged,
+    prefix_survival_ref,
+    theta_path,
+)
 
 IMPLS = ["torch", "triton"]
 
@@ -150,6 +157,20 @@ def test_survival_values_and_temperatures(impl):
     a = prefix_survival(logits, cu_of([2, 0, 1]), torch.tensor([1.0, 0.5]), impl=impl)
     torch.testing.assert_close(a, torch.tensor([0.5, 0.45, 0.0]))
     assert a[2] == 0
+
+
+@pytest.mark.parametrize("r, width", [(1, 7), (16, 3), (5, 1), (64, 16)])
+@pytest.mark.parametrize("temps", [False, True])
+def test_uniform_blocks_take_the_dense_path_bit_for_bit(r, width, temps):
+    gen = torch.Generator().manual_seed(r * width)
+    logits = torch.randn(r * width, generator=gen) * 3
+    t = torch.rand(width + 1, generator=gen) + 0.5 if temps else None
+    cu = cu_of([width] * r)
+    assert torch.equal(prefix_survival_ref(logits, cu, t), prefix_survival_ragged(logits, cu, t))
+    ragged = cu_of([width] * (r - 1) + [width + 1]) if r > 1 else None  # not uniform: the tensor path
+    if ragged is not None:
+        more = torch.cat([logits, torch.zeros(1)])
+        assert torch.equal(prefix_survival_ref(more, ragged, t), prefix_survival_ragged(more, ragged, t))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

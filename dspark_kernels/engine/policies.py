@@ -81,17 +81,18 @@ POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5"
 GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
 
 
-def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor],
+def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], Sequence[float]],
                        min_length: int = 0) -> tuple[int, float]:
     """The common verify length ``k`` (``min_length``..len(mean_survival)) of ``r`` requests with the most expected
     tokens/s, and that rate: ``r * (1 + sum_{j <= k} a_j) * rate(k)[r (1 + k)]``, where ``rate(k)`` is the table of
-    rounds/s by verified tokens for a round that drafted ``k`` slots (``k = 0``: a plain step). Lengths whose
+    rounds/s by verified tokens (a 1-D tensor or a list) for a round that drafted ``k`` slots (``k = 0``: a plain
+    step). Lengths whose
     ``r (1 + k)`` tokens pass the table's end are left out; ``(min_length, 0.0)`` when every length is."""
     expected, best = 1.0, (min_length, 0.0)
     for k in range(len(mean_survival) + 1):
         expected += float(mean_survival[k - 1]) if k else 0.0
         table = rate(k)
-        if r * (1 + k) > table.numel() - 1:
+        if r * (1 + k) > len(table) - 1:
             break
         tokens_per_s = r * expected * float(table[r * (1 + k)])
         if k >= min_length and tokens_per_s > best[1]:
@@ -99,7 +100,7 @@ def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[i
     return best
 
 
-def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], torch.Tensor]) -> float:
+def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], Sequence[float]]) -> float:
     """How much faster drafting is expected to be than a plain decode step for ``r`` requests (> 1: it pays): the best
     rate of :func:`best_common_length` over drafting lengths ``k >= 1``, over the plain step's ``r * rate(0)[r]``."""
     return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
@@ -140,6 +141,7 @@ class Policy:
         self.draft_table = tables[1][1] if draft_profile is not None else None
         self.narrow_draft_table = tables[2][1] if narrow_draft_profile is not None else None
         self._step_tables: dict[tuple[int, int], torch.Tensor] = {}
+        self._step_lists: dict[tuple[int, int], list[float]] = {}
 
     def draft_seconds(self, r: int, width: int) -> float:
         """Modelled seconds of a draft round of ``r`` requests at ``width`` slots (``D(r, w)``, module docstring; 0
@@ -162,6 +164,15 @@ class Policy:
         if table is None:
             table = self._step_tables[r, width] = 1.0 / (1.0 / self.sps_table + self.draft_seconds(r, width))
         return table
+
+    def step_rates(self, r: int, width: int | None = None) -> list[float]:
+        """:meth:`step_table` as a list of floats, kept per ``(r, width)``: the scans that read a few entries of it
+        every round (:func:`best_common_length`) index a list in well under a microsecond, a tensor in a few."""
+        key = (r, self.gamma if width is None else width)
+        rates = self._step_lists.get(key)
+        if rates is None:
+            rates = self._step_lists[key] = self.step_table(r, width).tolist()
+        return rates
 
     def drafts(self, live: Sequence, step: int) -> bool:
         """Whether the engine should draft this round (False: a plain decode step). Default: always."""
@@ -290,7 +301,7 @@ class _Confident(Policy):
         """:meth:`draft_width` for ``r`` live requests (kept until the running mean moves)."""
         width = self._widths.get(r)
         if width is None:
-            width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_table(r, k),
+            width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_rates(r, k),
                                                          min_length=1)[0]
         return width
 
@@ -319,7 +330,7 @@ class _Confident(Policy):
         drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
         if drafted is not None and plain is not None:
             return (1.0 + sum(mean_survival[: self._width_for(r)])) * plain / drafted
-        return drafting_gain(mean_survival, r, lambda k: self.step_table(r, k))
+        return drafting_gain(mean_survival, r, lambda k: self.step_rates(r, k))
 
     def _best_gain_after_probe(self, r: int) -> float:
         """:meth:`gain` with the next drafted round's best outcome folded in: survival 1 at every position, at the
