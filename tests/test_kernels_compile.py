@@ -9,6 +9,7 @@ realistic argument types in a subprocess where ``TRITON_INTERPRET`` is unset. (T
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,12 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_z_ptr", "need_ptr", "above_ptr",
-           "hist_in_ptr", "hist_out_ptr", "draft_probs_ptr", "accept_u_ptr", "sample_u_ptr", "sums_ptr",
-           "cand_ptr")
-RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
-          "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr", "row_map_ptr")
-RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
+from perf.kernel_resources import RS_FP32, RS_I32, RS_I64
 
 def build(module, name, types, consts):
     kernel = getattr(importlib.import_module("dspark_kernels.ops." + module), name)
@@ -81,5 +77,6 @@ def test_all_kernels_compile_for_sm90():
     if torch.cuda.is_available():
         pytest.skip("on a GPU test_gpu_parity.py compiles and runs the kernels")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parents[1])  # the repository root: perf is imported from it
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

@@ -11,6 +11,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._radix_select import bits_key, ordered_key
+
+
+@triton.jit
+def kept_weights(x, m, keep_key, keep_bits):
+    """``exp(x - m)`` of a row's scaled values ``x`` (row max ``m``) where they pass the row's top-k / top-p cuts
+    (``keep_key`` on :func:`~._radix_select.ordered_key` of ``x``, ``keep_bits`` on the bits of ``e``; 0 = keep
+    all), 0 elsewhere: the unnormalised filtered distribution."""
+    e = tl.exp(x - m)
+    return tl.where((ordered_key(x) >= keep_key) & (bits_key(e) >= keep_bits), e, 0.0)
+
 
 @triton.jit
 def cdf_scan_step(w, idx, valid, V, target, running, found, last):

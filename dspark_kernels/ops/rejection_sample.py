@@ -52,7 +52,7 @@ from ..noise import uniform_noise
 from ..reference.rejection_sample import RESIDUAL_EPS, RejectionResult, _ragged_maps, rejection_sample_ref
 from ._dispatch import resolve_impl
 from ._radix_select import LEVELS, bits_key, chunk_count, chunk_histogram, ordered_key, select_digit
-from ._sampling import cdf_scan_step
+from ._sampling import cdf_scan_step, kept_weights
 from ._validate import (
     FLOAT_DTYPES,
     check_draft_offsets,
@@ -95,9 +95,7 @@ def _row_params(row_req_ptr, temp_ptr, top_k_ptr, top_p_ptr, row, V,
 def _target_prob(scaled, m, z, keep_key, keep_bits):
     """``p_t`` of a row's entries from their scaled logits, with the row's max ``m``, its kept mass ``z`` and its
     top-k / top-p cuts (keys, 0 = keep all)."""
-    e = tl.exp(scaled - m)
-    kept = (ordered_key(scaled) >= keep_key) & (bits_key(e) >= keep_bits)
-    return tl.where(kept, e / z, 0.0)
+    return kept_weights(scaled, m, keep_key, keep_bits) / z
 
 
 @triton.jit

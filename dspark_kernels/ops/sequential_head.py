@@ -47,7 +47,7 @@ from ..reference.sequential_head import (
 )
 from ._dispatch import resolve_impl
 from ._radix_select import bits_key, ordered_key
-from ._sampling import cdf_scan_step
+from ._sampling import cdf_scan_step, kept_weights
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -314,13 +314,6 @@ def _slot_draw_kernel(
 
 
 @triton.jit
-def _kept_weights(x, m, keep_key, keep_bits):
-    """``exp(x - m)`` of a filtered row's entries that pass its cuts (keys, 0 = keep all), 0 elsewhere."""
-    e = tl.exp(x - m)
-    return tl.where((ordered_key(x) >= keep_key) & (bits_key(e) >= keep_bits), e, 0.0)
-
-
-@triton.jit
 def _group_candidates_kernel(req_t_ptr, cand_ptr, gcand_ptr, NT, n_groups,
                              CANDIDATES: tl.constexpr, GROUP_TILES: tl.constexpr, GROUP_CANDIDATES: tl.constexpr):
     """Program (request, group of ``GROUP_TILES`` vocab tiles) of a filtered slot: the ``GROUP_CANDIDATES`` largest of
@@ -355,14 +348,14 @@ def _group_mass_kernel(req_t_ptr, req_row_ptr, req_max_ptr, req_key_ptr, req_bit
         keep_bits = tl.load(req_bits_ptr + req)
         if tl.load(req_res_ptr + req) != 0:
             c = tl.load(gcand_ptr + (req * n_groups + g) * GROUP_CANDIDATES + tl.arange(0, GROUP_CANDIDATES))
-            mass = tl.sum(_kept_weights(c, m, keep_key, keep_bits), 0)
+            mass = tl.sum(kept_weights(c, m, keep_key, keep_bits), 0)
         else:
             row_ptr = ws_ptr + tl.load(req_row_ptr + req) * V
             mass = tl.zeros((), dtype=tl.float32)
             for start in range(g * GROUP_V, tl.minimum(g * GROUP_V + GROUP_V, V), BLOCK_V):
                 idx = start + tl.arange(0, BLOCK_V)
                 x = tl.load(row_ptr + idx, mask=idx < V, other=float("-inf"))
-                mass += tl.sum(_kept_weights(x, m, keep_key, keep_bits), 0)
+                mass += tl.sum(kept_weights(x, m, keep_key, keep_bits), 0)
         tl.store(gmass_ptr + req * n_groups + g, mass)
 
 
@@ -403,7 +396,7 @@ def _filtered_draw_kernel(req_t_ptr, req_row_ptr, req_max_ptr, req_z_ptr, req_ke
             j = tl.arange(0, CANDIDATES)
             c = tl.load(cand_ptr + (req * NT + t[:, None]) * CANDIDATES + j[None, :], mask=(t < NT)[:, None],
                         other=float("-inf"))
-            tm = tl.sum(_kept_weights(c, m, keep_key, keep_bits), 1)
+            tm = tl.sum(kept_weights(c, m, keep_key, keep_bits), 1)
             tp = tl.maximum(_pick(tm, running + tl.cumsum(tm, 0), target, GROUP_TILES, ti), 0)
             running += tl.sum(tl.where(ti < tp, tm, 0.0), 0)
             start += tp * BLOCK_V
@@ -414,7 +407,7 @@ def _filtered_draw_kernel(req_t_ptr, req_row_ptr, req_max_ptr, req_z_ptr, req_ke
             idx = start + offs
             valid = idx < V
             x = tl.load(ws_ptr + row * V + idx, mask=valid, other=float("-inf"))
-            w = _kept_weights(x, m, keep_key, keep_bits)
+            w = kept_weights(x, m, keep_key, keep_bits)
             running, found, last = cdf_scan_step(w, idx, valid, V, target, running, found, last)
             start += BLOCK_V
         tl.store(tokens_ptr + row, tl.where(found < V, found, last))
@@ -447,9 +440,10 @@ def _normalise_kernel(ws_ptr, tokens_ptr, row_max_ptr, row_z_ptr, keep_key_ptr, 
         t_max = tl.load(tile_max_ptr + rows.to(tl.int64) * NT + tl.program_id(0), mask=rv & cut, other=float("inf"))
         read = norm & ((ordered_key(t_max) >= keep_key) & (bits_key(tl.exp(t_max - best)) >= keep_bits))[:, None]
     x = tl.load(ws_ptr + offs, mask=on & read, other=float("-inf"))
-    e = tl.exp(x - best[:, None])
     if FILTERED:
-        e = tl.where((ordered_key(x) >= keep_key[:, None]) & (bits_key(e) >= keep_bits[:, None]), e, 0.0)
+        e = kept_weights(x, best[:, None], keep_key[:, None], keep_bits[:, None])
+    else:
+        e = tl.exp(x - best[:, None])
     one_hot = tl.where(cols[None, :] == tok[:, None], 1.0, 0.0)
     p = tl.where(norm, e / tl.where(z > 0.0, z, 1.0)[:, None], one_hot)
     tl.store(ws_ptr + offs, p, mask=on)
