@@ -320,7 +320,8 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
     sh = importlib.import_module("dspark_kernels.ops.sequential_head")._DEFAULTS
     sv = importlib.import_module("dspark_kernels.ops.survival")._DEFAULTS
     warps = (4,) if quick else (4, 8)
-    stages = (2,) if quick else (2, 3)
+    # the attention loops' K/V tiles and page ids in rings 1 / 2 / 3 deep at 3 / 5 / 7 stages (7: the defaults)
+    stages = (7,) if quick else (3, 5, 7)
     decode_shapes = [(1, 2048, 64)] if quick else [(1, 2048, 64), (1, 4096, 16)]
     # rows = q_len * group(4): q_len 8 and 16 are the prefill bucket (rows > 16)
     prefill_shapes = [(8, 2048, 64)] if quick else [(8, 2048, 64), (16, 4096, 16)]
@@ -334,7 +335,7 @@ def build_cases(dev: torch.device, quick: bool) -> list[Case]:
                         dev),
         _attention_case("draft_block_attention", "default", draft_shapes,
                         grid(dba, BLOCK_M=(16, 32, 64), BLOCK_N=(64,) if quick else (64, 128), num_warps=warps,
-                             num_stages=(2,)),
+                             num_stages=stages),
                         dev),
         _rejection_case([c for c in grid(rs, BLOCK_V=(1024, 2048) if quick else (512, 1024, 2048, 4096),
                                          CHUNK_V=(8192,) if quick else (4096, 8192, 16384), num_warps=warps)

@@ -8,6 +8,12 @@ shared memory Triton allocates for the kernel (its metadata). The configs are th
 until ``autotune`` stores better for a GPU), with the bf16 activations and the realistic constexprs of an 8B-class
 target (head dim 128, GQA group 4; rank 64 for the sequential head).
 
+Arguments are specialized as the JIT specializes them at launch for those shapes: every pointer (torch allocations are
+16-byte aligned) is marked ``tt.divisibility = 16``, and so is every integer whose value there (``INT_VALUES``) is a
+multiple of 16; an integer equal to 1 becomes a constant. That is what lets Triton vectorize the loads to 16 bytes and
+pipeline them through ``cp.async`` (``num_stages``); a compile without it reads 2-byte loads and pipelines nothing,
+which no launch would run.
+
 Must run where ``TRITON_INTERPRET`` is unset (the kernels are compiled, not interpreted)::
 
     python perf/kernel_resources.py --json results/kernel_resources.json
@@ -34,6 +40,12 @@ RS_FP32 = ("temp_ptr", "top_p_ptr", "cmax_ptr", "csum_ptr", "row_max_ptr", "row_
            "cand_ptr")
 RS_I64 = ("top_k_ptr", "keep_key_ptr", "keep_bits_ptr", "prefix_ptr", "draft_ids_ptr", "out_ptr", "final_row_ptr",
           "accept_cnt_ptr", "draft_cnt_ptr", "last_ptr", "row_map_ptr")
+# integer arguments' values at the report's shapes: the attention strides are multiples of the head dim (the page
+# table's of its 256 pages at 4k context); the head's weights are w1 [V, r], w2 [r, V] and the transposed gate_w
+# [d + r, r] / rnn_w [2r + d, 3r] (d 4096, r 64); stride_out is the rejection sampler's max_spec_len + 1
+INT_VALUES = {"V": 151_936, "D": 4096, "RANK": 64, "s_w1": 64, "s_gw_in": 1, "s_gw_out": 4160, "s_rw_in": 1,
+              "s_rw_out": 4224, "s_w2r": 151_936, "s_w2v": 1, "stride_pt": 256, "stride_out": 8}
+ATTENTION_STRIDE = 128
 RS_I32 = ("row_req_ptr", "carg_ptr", "row_arg_ptr", "cu_ptr", "num_acc_ptr", "resolved_ptr")
 
 
@@ -101,7 +113,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     head.update({n: "*fp32" for n in fp32})
     for kind in (1, 2, 3):
         specs.append(("sequential_head", "_slot_latent_kernel", head,
-                      dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64, BLOCK_C=32), {"num_warps": 8}))
+                      dict(KIND=kind, HAS_CONF=True, BLOCK_M=sh["BLOCK_M"], BLOCK_R=64, BLOCK_C=32),
+                      {"num_warps": 8, "num_stages": head_mod.LATENT_STAGES}))
     group = dict(GROUP_TILES=head_mod.GROUP_V // sh["BLOCK_V"], CANDIDATES=sh["CANDIDATES"])
     for kind in range(4):
         for filtered in (False, True):
@@ -135,17 +148,47 @@ def _ptxas(arch: int) -> str:
     return get_ptxas(arch).path
 
 
+# per-SM limits: resident warps, registers, shared memory (bytes; the runtime reserves 1 KB of it per CTA), CTAs
+SM_LIMITS = {80: dict(warps=64, regs=65536, smem=167_936, ctas=32),
+             90: dict(warps=64, regs=65536, smem=233_472, ctas=32)}
+
+
+def warps_per_sm(arch: int, regs: int, smem_bytes: int, num_warps: int) -> int:
+    """Resident warps per SM of a kernel using ``regs`` registers a thread and ``smem_bytes`` of shared memory with
+    ``num_warps`` warps a CTA: whole CTAs under the warp, register (256 a warp at a time) and shared-memory limits."""
+    lim = SM_LIMITS[arch]
+    warp_regs = -(-regs * 32 // 256) * 256
+    ctas = min(lim["warps"] // num_warps, lim["regs"] // warp_regs // num_warps,
+               lim["smem"] // (smem_bytes + 1024), lim["ctas"])
+    return ctas * num_warps
+
+
+def async_buffers(ttgir: str) -> int:
+    """Depth of the shallowest ring of ``cp.async`` destinations in a compiled kernel (the leading dimension of its
+    mutable shared allocations): 2 means every asynchronously copied tile (and page-id slice) has its next copy
+    landing while the current one is computed; 0 when the kernel copies nothing asynchronously."""
+    if "async_copy_global_to_local" not in ttgir:
+        return 0
+    rings = re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x[^>]*mutable>", ttgir)
+    return min(map(int, rings), default=0)
+
+
 def compile_kernel(module: str, name: str, types: dict, consts: dict, options: dict, arch: int) -> dict:
-    """Compile one kernel for ``sm_<arch>``; its PTX through ``ptxas -v``: ``{"regs", "spill_bytes",
-    "smem_bytes"}``."""
+    """Compile one kernel for ``sm_<arch>``; its PTX through ``ptxas -v``: ``{"regs", "spill_bytes", "smem_bytes",
+    "async_buffers", "warps_per_sm"}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = getattr(importlib.import_module("dspark_kernels.ops." + module), name)
     names = kernel.arg_names
+    values = {n: INT_VALUES.get(n, ATTENTION_STRIDE if n.startswith("stride_") else None) for n in names}
+    consts = {**consts, **{n: 1 for n, v in values.items() if v == 1 and n not in consts}}
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n not in consts
+             and (sig[n].startswith("*") or (values[n] is not None and values[n] % 16 == 0))}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()},
+                    attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
@@ -155,9 +198,11 @@ def compile_kernel(module: str, name: str, types: dict, consts: dict, options: d
     text = out.stdout + out.stderr
     regs = re.search(r"Used (\d+) registers", text)
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-    return {"regs": int(regs.group(1)) if regs else None,
-            "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None,
-            "smem_bytes": int(compiled.metadata.shared)}
+    usage = {"regs": int(regs.group(1)) if regs else None,
+             "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None,
+             "smem_bytes": int(compiled.metadata.shared), "async_buffers": async_buffers(compiled.asm["ttgir"])}
+    usage["warps_per_sm"] = warps_per_sm(arch, usage["regs"], usage["smem_bytes"], compiled.metadata.num_warps)
+    return usage
 
 
 def report(archs=ARCHS) -> list[dict]:
@@ -168,7 +213,8 @@ def report(archs=ARCHS) -> list[dict]:
             config = {k: v for k, v in {**consts, **options}.items() if k.isupper() or k.startswith("num_")}
             rows.append({"kernel": f"{module}.{name}", "arch": f"sm_{arch}", "config": config, **usage})
             print(f"{module}.{name:32s} sm_{arch} regs {usage['regs']:4} spill {usage['spill_bytes']:5} "
-                  f"smem {usage['smem_bytes']:6}  {config}", flush=True)
+                  f"smem {usage['smem_bytes']:6} buffers {usage['async_buffers']} warps/SM {usage['warps_per_sm']:2}  "
+                  f"{config}", flush=True)
     return rows
 
 

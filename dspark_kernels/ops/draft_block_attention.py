@@ -41,7 +41,9 @@ from ._validate import check_paged_attention, check_plan_args, check_shape, chec
 
 __all__ = ["draft_block_attention", "draft_block_attention_triton", "plan_draft_block_attention"]
 
-_DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}  # BLOCK_N 32: no spill on sm_90
+# num_stages 7: the context's K/V tiles and page ids in 3-deep rings, two tiles in flight while one is computed
+# (perf/kernel_resources.py: async_buffers 3, no spill on sm_80 / sm_90)
+_DEFAULTS = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 7}
 MAX_BLOCK_M = 128  # the largest query tile the launcher grows BLOCK_M to (gamma 16 x a GQA group of 8)
 
 
@@ -104,7 +106,8 @@ def _draft_block_attention_kernel(
         m_i, l_i, acc = online_softmax_step(q, k, v, m_i, l_i, acc, n_ok[None, :], qk_scale, PRECISION)
 
     block_keys = tl.where(split == 0, q_len, 0)  # the block's own keys: split 0's (so no split-0 row is empty)
-    for start in range(0, block_keys, BLOCK_N):
+    # a block is a tile or two of keys: not worth shared-memory rings (num_stages pipelines the context loop only)
+    for start in tl.range(0, block_keys, BLOCK_N, num_stages=1):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < q_len
         kv_mask = n_ok[:, None] & d_ok[None, :]

@@ -73,6 +73,8 @@ GROUP_V = 8192
 GROUP_CANDIDATES = 64
 RNN_COLUMNS = 32  # state columns per step of the rnn latent, and the width of the state / embedding slices it
 # multiplies: at rank 64, whole [r, r] tiles spilled 488 B; 32 columns from whole [16, r] operands 148-200 B
+# the latent launch's pipelining: its next weight / state slices copied one step ahead (3 stages spilled 24 B on sm_90)
+LATENT_STAGES = 2
 _KIND_IDS = {"none": 0, "vanilla": 1, "gated": 2, "rnn": 3}
 # float32 products on tensor cores at about float32 accuracy (three tf32 products); the interpreter computes them in
 # float32 whatever the precision
@@ -539,7 +541,7 @@ def sequential_head_triton(
                 s_rw_out, state, opt(conf_h), opt(weights.conf_w), lat, conf,
                 r, hidden.shape[1], rank, k,
                 KIND=kind, HAS_CONF=weights.conf_w is not None, BLOCK_M=block_m, BLOCK_R=block_r,
-                BLOCK_C=min(block_r, RNN_COLUMNS), num_warps=8,
+                BLOCK_C=min(block_r, RNN_COLUMNS), num_warps=8, num_stages=LATENT_STAGES,
             )
         _slot_vocab_kernel[(n_tiles, blocks)](
             logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, filt, slot.cand if filters else dummy,

@@ -115,9 +115,11 @@ def plan_verify_attention(page_table: torch.Tensor, cu_seqlens_q: torch.Tensor, 
 
 
 _DEFAULTS = {
-    # decode/verify: few query rows per (request, kv head); prefill: long query tiles
-    "decode": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},  # no spills on sm_80 / sm_90
-    "prefill": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 2},  # 64 x 64 spilled 0.9-20 KB
+    # decode/verify: few query rows per (request, kv head); prefill: long query tiles. num_stages 7 copies the K/V
+    # tiles and their page ids into 3-deep shared-memory rings: two tiles in flight while one is computed
+    # (perf/kernel_resources.py: async_buffers 3, no spill on sm_80 / sm_90; 5 stages make 2-deep rings)
+    "decode": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 8, "num_stages": 7},
+    "prefill": {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 8, "num_stages": 7},
 }
 
 
