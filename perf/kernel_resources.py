@@ -3,10 +3,12 @@ compiled offline (no GPU): Triton's compiler to PTX, then the ``ptxas`` Triton b
 architecture) with ``-v``.
 
 Each row of ``results/kernel_resources.json`` is ``{"kernel", "arch", "config", "regs", "spill_bytes",
-"smem_bytes"}``: ``regs`` per thread and ``spill_bytes`` (spill stores + loads) from ``ptxas -v``, ``smem_bytes`` the
-shared memory Triton allocates for the kernel (its metadata). The configs are the ops' launch defaults (what runs
-until ``autotune`` stores better for a GPU), with the bf16 activations and the realistic constexprs of an 8B-class
-target (head dim 128, GQA group 4; rank 64 for the sequential head).
+"smem_bytes", "async_buffers", "warps_per_sm", "sass_instructions"}``: ``regs`` per thread and ``spill_bytes`` (spill
+stores + loads) from ``ptxas -v``, ``smem_bytes`` the shared memory Triton allocates for the kernel (its metadata),
+``async_buffers`` the depth of its shallowest ``cp.async`` ring (:func:`async_buffers`), ``warps_per_sm`` the warps an
+SM holds (:func:`warps_per_sm`), ``sass_instructions`` its static SASS count (:func:`sass_instructions`). The configs
+are the ops' launch defaults (what runs until ``autotune`` stores better for a GPU), with the bf16 activations and the
+realistic constexprs of an 8B-class target (head dim 128, GQA group 4; rank 64 for the sequential head).
 
 Arguments are specialized as the JIT specializes them at launch for those shapes: every pointer (torch allocations are
 16-byte aligned) is marked ``tt.divisibility = 16``, and so is every integer whose value there (``INT_VALUES``) is a
@@ -120,7 +122,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
         for filtered in (False, True):
             specs.append(("sequential_head", "_slot_vocab_kernel", head,
                           dict(KIND=kind, STORE=True, FILTERED=filtered, CANDIDATES=sh["CANDIDATES"],
-                               BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64), launch(sh)))
+                               BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"], BLOCK_R=64, W2_BF16=True, BF16_DOT=True),
+                          launch(sh)))
     specs.append(("sequential_head", "_slot_draw_kernel", head,
                   dict(SAMPLE=True, FILTERED=True, BLOCK_T=2048, BLOCK_V=sh["BLOCK_V"]), {"num_warps": 4}))
     specs.append(("sequential_head", "_group_candidates_kernel", head,
@@ -173,9 +176,23 @@ def async_buffers(ttgir: str) -> int:
     return min(map(int, rings), default=0)
 
 
+def sass_instructions(cubin: bytes) -> int:
+    """Static count of the SASS instructions in a compiled kernel (the ``nvdisasm`` Triton bundles): each instruction
+    once, loops not unrolled. For a kernel whose programs handle one tile without a loop it is what every warp
+    issues, so it sets the issue time beside the bytes (an SM issues about 4 warp instructions a clock)."""
+    from triton import knobs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run([knobs.nvidia.nvdisasm.path, "-c", str(path)], capture_output=True, text=True,
+                              check=True).stdout
+    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, flags=re.M))
+
+
 def compile_kernel(module: str, name: str, types: dict, consts: dict, options: dict, arch: int) -> dict:
     """Compile one kernel for ``sm_<arch>``; its PTX through ``ptxas -v``: ``{"regs", "spill_bytes", "smem_bytes",
-    "async_buffers", "warps_per_sm"}``."""
+    "async_buffers", "warps_per_sm", "sass_instructions"}``."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -202,6 +219,7 @@ def compile_kernel(module: str, name: str, types: dict, consts: dict, options: d
              "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else None,
              "smem_bytes": int(compiled.metadata.shared), "async_buffers": async_buffers(compiled.asm["ttgir"])}
     usage["warps_per_sm"] = warps_per_sm(arch, usage["regs"], usage["smem_bytes"], compiled.metadata.num_warps)
+    usage["sass_instructions"] = sass_instructions(compiled.asm["cubin"])
     return usage
 
 
@@ -213,7 +231,8 @@ def report(archs=ARCHS) -> list[dict]:
             config = {k: v for k, v in {**consts, **options}.items() if k.isupper() or k.startswith("num_")}
             rows.append({"kernel": f"{module}.{name}", "arch": f"sm_{arch}", "config": config, **usage})
             print(f"{module}.{name:32s} sm_{arch} regs {usage['regs']:4} spill {usage['spill_bytes']:5} "
-                  f"smem {usage['smem_bytes']:6} buffers {usage['async_buffers']} warps/SM {usage['warps_per_sm']:2}  "
+                  f"smem {usage['smem_bytes']:6} buffers {usage['async_buffers']} warps/SM {usage['warps_per_sm']:2} "
+                  f"SASS {usage['sass_instructions']:5}  "
                   f"{config}", flush=True)
     return rows
 

@@ -174,6 +174,19 @@ def test_parity_half_base_logits(dtype):
     run_both(args)
 
 
+@pytest.mark.parametrize("kind", ["vanilla", "rnn"])
+def test_parity_bf16_weights(kind):
+    """A bf16 checkpoint's weights: the vocab launch multiplies ``lat @ w2`` as three bf16 pieces of ``lat``
+    (``_split_bf16_dot``), at float32 accuracy, with ``top_k`` / ``top_p`` rows among them. A vanilla latent is a
+    bf16 row of ``w1`` (its lower pieces are zero); the rnn latent needs all three (with the hi piece alone it fails)."""
+    args = make_args([3, 1, 2], 300, kind, d=20, r=16, temps=[1.0, 0.0, 0.7], top_k=[0, 0, 40], top_p=[1.0, 1.0, 0.9])
+    w = args["weights"]
+    args["weights"] = w._replace(**{name: t.to(torch.bfloat16) for name, t in w._asdict().items()
+                                    if isinstance(t, torch.Tensor)})
+    assert args["weights"].w2.dtype == torch.bfloat16
+    run_both(args)
+
+
 def test_no_requests_and_no_slots():
     for lens in ([], [0, 0]):
         args = make_args(lens, 50, "rnn")
@@ -483,12 +496,13 @@ INT64 = ("tokens_ptr", "part_arg_ptr", "top_k_ptr", "keep_key_ptr", "keep_bits_p
          "req_bits_ptr")
 INT32 = ("cu_ptr", "anchor_ptr", "filt_ptr", "req_res_ptr")
 
-def build(kernel, consts):
+def build(kernel, consts, types=None):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else ("*i64" if n in INT64 else "*i32" if n in INT32 else "*fp32")
            if n.endswith("_ptr") else "i32" for n in names}
     if "part_arg_ptr" in sig:
         sig["part_arg_ptr"] = "*i32"
+    sig.update(types or {})
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
     triton.compile(src, target=GPUTarget("cuda", 90, 32))
 
@@ -496,8 +510,10 @@ for kind in (1, 2, 3):
     build(op._slot_latent_kernel, dict(KIND=kind, HAS_CONF=True, BLOCK_M=16, BLOCK_R=64, BLOCK_C=32))
 for kind in range(4):
     for store, filtered in ((True, True), (True, False), (False, False)):
-        build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, FILTERED=filtered, CANDIDATES=16, BLOCK_M=16,
-                                          BLOCK_V=128, BLOCK_R=64))
+        for w2_bf16 in (True, False):
+            build(op._slot_vocab_kernel, dict(KIND=kind, STORE=store, FILTERED=filtered, CANDIDATES=16, BLOCK_M=16,
+                                              BLOCK_V=128, BLOCK_R=64, W2_BF16=w2_bf16, BF16_DOT=True),
+                  {"w2_ptr": "*bf16" if w2_bf16 else "*fp32"})
 for sample, filtered in ((True, True), (True, False), (False, False)):
     build(op._slot_draw_kernel, dict(SAMPLE=sample, FILTERED=filtered, BLOCK_T=2048, BLOCK_V=128))
 build(op._group_candidates_kernel, dict(CANDIDATES=16, GROUP_TILES=64, GROUP_CANDIDATES=64))

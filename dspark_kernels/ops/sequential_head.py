@@ -45,7 +45,7 @@ from ..reference.sequential_head import (
     SequentialHeadWeights,
     sequential_head_ref,
 )
-from ._dispatch import resolve_impl
+from ._dispatch import resolve_impl, triton_interpreted
 from ._radix_select import bits_key, ordered_key
 from ._sampling import cdf_scan_step, kept_weights
 from ._validate import (
@@ -114,6 +114,30 @@ def _weight_tile(w_ptr, s_in, s_out, col0, RANK, n_cols, BLOCK_R: tl.constexpr, 
     ok = (i[:, None] < RANK) & (j[None, :] < n_cols)
     ptrs = w_ptr + (i[:, None] * s_in + (col0 + j[None, :]) * s_out)
     return tl.load(ptrs, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _split_bf16_dot(a, b, BF16_DOT: tl.constexpr):
+    """``a [M, K]`` float32 @ ``b [K, N]`` bfloat16 -> float32, at float32 accuracy on bf16 tensor cores: ``a`` is
+    the sum of three bfloat16 pieces (hi + mid + lo: 3 x 8 significand bits, exact for normal values), each piece
+    times ``b`` is exact in float32, and the three products accumulate in float32, smallest first. Cheaper than a
+    tf32x3 dot: ``b`` needs no conversion or hi / lo split (a bf16 value is its own tf32 hi, so a third of tf32x3's
+    products would be zeros) and a bf16 MMA covers twice the K of a tf32 one. ``BF16_DOT`` False (the interpreter,
+    whose bf16 dot is wrong): the same pieces, multiplied in float32."""
+    hi = a.to(tl.bfloat16)
+    rest = a - hi.to(tl.float32)
+    mid = rest.to(tl.bfloat16)
+    lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
+    if BF16_DOT:
+        acc = tl.dot(lo, b, out_dtype=tl.float32)
+        acc = tl.dot(mid, b, acc)
+        acc = tl.dot(hi, b, acc)
+    else:
+        bf = b.to(tl.float32)
+        acc = tl.dot(lo.to(tl.float32), bf, input_precision="ieee")
+        acc = tl.dot(mid.to(tl.float32), bf, acc, input_precision="ieee")
+        acc = tl.dot(hi.to(tl.float32), bf, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -216,9 +240,10 @@ def _slot_vocab_kernel(
     logits_ptr, cu_ptr, lat_ptr, w2_ptr, s_w2r, s_w2v, temp_ptr, ws_ptr, part_ptr, part_arg_ptr, filt_ptr, cand_ptr,
     tile_max_ptr, R, V, RANK, k, NT,
     KIND: tl.constexpr, STORE: tl.constexpr, FILTERED: tl.constexpr, CANDIDATES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, W2_BF16: tl.constexpr, BF16_DOT: tl.constexpr,
 ):
-    """One vocab tile of slot ``k`` for ``BLOCK_M`` requests: ``x = (U.float() + lat @ w2) / t_eff`` (``STORE``:
+    """One vocab tile of slot ``k`` for ``BLOCK_M`` requests: ``x = (U.float() + lat @ w2) / t_eff`` (a bf16 ``w2``
+    (``W2_BF16``) through :func:`_split_bf16_dot`, a float32 one through a tf32x3 dot) (``STORE``:
     written to the draft rows of sampled requests), and per request the tile's max, lowest-index argmax and
     ``sum(exp(x - max))`` into ``part [2, R, NT]`` / ``part_arg [R, NT]``. With ``FILTERED``, the requests that
     ``filt [R]`` marks (top-k / top-p) also keep the tile's ``CANDIDATES`` largest ``x``, descending, in
@@ -234,8 +259,11 @@ def _slot_vocab_kernel(
         lat = tl.load(lat_ptr + m[:, None].to(tl.int64) * RANK + c[None, :],
                       mask=active[:, None] & (c < RANK)[None, :], other=0.0)
         w = tl.load(w2_ptr + c[:, None].to(tl.int64) * s_w2r + cols[None, :].to(tl.int64) * s_w2v,
-                    mask=(c < RANK)[:, None] & (cols < V)[None, :], other=0.0).to(tl.float32)
-        x += tl.dot(lat, w, input_precision=DOT_PRECISION)
+                    mask=(c < RANK)[:, None] & (cols < V)[None, :], other=0.0)
+        if W2_BF16:
+            x += _split_bf16_dot(lat, w, BF16_DOT)
+        else:
+            x += tl.dot(lat, w.to(tl.float32), input_precision=DOT_PRECISION)
     t = tl.load(temp_ptr + m, mask=active, other=1.0)
     x = x / tl.where(t > 0.0, t, 1.0)[:, None]
     if STORE:
@@ -547,7 +575,8 @@ def sequential_head_triton(
             logits, cu, lat, w2, s_w2r, s_w2v, temp, probs, part, part_arg, filt, slot.cand if filters else dummy,
             tile_max, r, v, rank, k, n_tiles,
             KIND=kind, STORE=sample, FILTERED=filters, CANDIDATES=cfg["CANDIDATES"], BLOCK_M=block_m,
-            BLOCK_V=block_v, BLOCK_R=block_r, num_warps=cfg["num_warps"],
+            BLOCK_V=block_v, BLOCK_R=block_r, W2_BF16=w2.dtype == torch.bfloat16, BF16_DOT=not triton_interpreted(),
+            num_warps=cfg["num_warps"],
         )
         _slot_draw_kernel[(r,)](
             cu, temp, filt, opt(uniforms), part, part_arg, probs, tokens, row_max, row_z, *req, r, v, k, n_tiles,
