@@ -232,8 +232,7 @@ def report(archs=ARCHS) -> list[dict]:
             rows.append({"kernel": f"{module}.{name}", "arch": f"sm_{arch}", "config": config, **usage})
             print(f"{module}.{name:32s} sm_{arch} regs {usage['regs']:4} spill {usage['spill_bytes']:5} "
                   f"smem {usage['smem_bytes']:6} buffers {usage['async_buffers']} warps/SM {usage['warps_per_sm']:2} "
-                  f"SASS {usage['sass_instructions']:5}  "
-                  f"{config}", flush=True)
+                  f"SASS {usage['sass_instructions']:5}  {config}", flush=True)
     return rows
 
 

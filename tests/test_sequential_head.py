@@ -178,7 +178,7 @@ def test_parity_half_base_logits(dtype):
 def test_parity_bf16_weights(kind):
     """A bf16 checkpoint's weights: the vocab launch multiplies ``lat @ w2`` as three bf16 pieces of ``lat``
     (``_split_bf16_dot``), at float32 accuracy, with ``top_k`` / ``top_p`` rows among them. A vanilla latent is a
-    bf16 row of ``w1`` (its lower pieces are zero); the rnn latent needs all three (with the hi piece alone it fails)."""
+    bf16 row of ``w1`` (its lower pieces are zero); the rnn latent needs all three (the hi piece alone fails)."""
     args = make_args([3, 1, 2], 300, kind, d=20, r=16, temps=[1.0, 0.0, 0.7], top_k=[0, 0, 40], top_p=[1.0, 1.0, 0.9])
     w = args["weights"]
     args["weights"] = w._replace(**{name: t.to(torch.bfloat16) for name, t in w._asdict().items()

@@ -86,8 +86,8 @@ def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[i
     """The common verify length ``k`` (``min_length``..len(mean_survival)) of ``r`` requests with the most expected
     tokens/s, and that rate: ``r * (1 + sum_{j <= k} a_j) * rate(k)[r (1 + k)]``, where ``rate(k)`` is the table of
     rounds/s by verified tokens (a 1-D tensor or a list) for a round that drafted ``k`` slots (``k = 0``: a plain
-    step). Lengths whose
-    ``r (1 + k)`` tokens pass the table's end are left out; ``(min_length, 0.0)`` when every length is."""
+    step). Lengths whose ``r (1 + k)`` tokens pass the table's end are left out; ``(min_length, 0.0)`` when every
+    length is."""
     expected, best = 1.0, (min_length, 0.0)
     for k in range(len(mean_survival) + 1):
         expected += float(mean_survival[k - 1]) if k else 0.0
