@@ -210,6 +210,52 @@ def test_training_step_reduces_loss(target):
     assert loss.item() < 0.8 * first
 
 
+@pytest.mark.parametrize("kind,rank", [("vanilla", 8), ("rnn", 8), ("none", 0)])
+def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, rank):
+    """Trained over a draft vocabulary of K tokens, the loss is the full-vocabulary one of the distribution the drafter
+    then drafts from (its logits outside the K tokens at -inf): L1 against the target's whole softmax (so ``1 - L1 / 2``
+    stays the acceptance), CE over the labels inside the K tokens; with K = V in a shuffled order it is the plain
+    loss."""
+    from dspark_kernels.drafters.draft_vocab import DraftVocab
+
+    drafter = make_drafter(target, kind, rank)
+    rng = random.Random(5)
+    ro = Rollouts([[1, 5, 6, 7]] * 3, [[rng.randrange(4, VOCAB) for _ in range(20)] for _ in range(3)], [1.0] * 3,
+                  [0] * 3)
+    batch = make_batch(target, ro, [0, 1, 2], drafter.feature_layers, 4, 5, rng)
+    weights = (0.1, 0.9, 1.0) if rank else (1.0, 0.0, 0.0)
+    full = drafter_loss(drafter, batch, 4, weights)
+    base, hidden = drafter.forward_train(batch.features, batch.tokens, batch.anchors, 4)
+    anchor_tok = batch.tokens.gather(1, batch.anchors.clamp(min=0))
+    prev = torch.cat([anchor_tok[:, :, None], batch.labels[:, :, :-1]], dim=2)
+    b, a, g, v = base.shape
+    logits = drafter.head.teacher_forced(base.view(b * a, g, v), hidden.view(b * a, g, -1), prev.view(b * a, g))[0]
+    logits = logits.view(b, a, g, v).detach()
+    w = torch.exp(-torch.arange(g, dtype=torch.float32) / 4.0) * batch.valid
+    p_t = torch.softmax(batch.target_logits, dim=-1)
+
+    ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
+    drafter.draft_vocab = DraftVocab(ids, VOCAB)
+    shuffled = drafter_loss(drafter, batch, 4, weights)
+    assert shuffled.l1 == pytest.approx(full.l1, rel=1e-5) and shuffled.ce == pytest.approx(full.ce, rel=1e-5)
+    assert float(shuffled.total.detach()) == pytest.approx(float(full.total.detach()), rel=1e-5)
+
+    k = 40
+    drafter.draft_vocab = DraftVocab(ids[:k], VOCAB)
+    sub = drafter_loss(drafter, batch, 4, weights)
+    outside = torch.ones(VOCAB, dtype=torch.bool)
+    outside[ids[:k]] = False
+    log_q = torch.log_softmax(logits.masked_fill(outside, float("-inf")), dim=-1)
+    l1 = (log_q.exp() - p_t).abs().sum(-1)
+    inside = ~outside[batch.labels]
+    assert 0 < int((inside & batch.valid).sum()) < int(batch.valid.sum())  # both kinds of label occur
+    ce = -log_q.gather(-1, batch.labels[..., None]).squeeze(-1).masked_fill(~inside, 0.0)
+    assert sub.l1 == pytest.approx(float((w * l1).sum() / w.sum()), rel=1e-5)
+    assert sub.ce == pytest.approx(float((w * ce).sum() / w.sum()), rel=1e-5)
+    kept = (log_q.exp() - p_t)[..., ids[:k]].abs().sum(-1)  # without the target's mass outside the K tokens
+    assert sub.l1 > float((w * kept).sum() / w.sum()) + 0.05
+
+
 def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
     drafter = make_drafter(target, "rnn", 8)
     drafter.save(tmp_path / "d")

@@ -294,7 +294,8 @@ class BlockDrafter(nn.Module):
                 meaningless).
             gamma: block size.
         Returns:
-            ``base_logits [B, A, gamma, V]`` fp32 and ``hidden [B, A, gamma, hidden]``.
+            ``base_logits [B, A, gamma, V]`` fp32 (``[B, A, gamma, K]`` over :attr:`draft_vocab` when it is set, in
+            its rank order) and ``hidden [B, A, gamma, hidden]``.
         """
         b, seq_len, _ = features.shape
         n_anchor = anchors.shape[1]
@@ -325,7 +326,7 @@ class BlockDrafter(nn.Module):
             v = torch.cat([vc.view(b, seq_len, attn.hkv, attn.d), vb.view(b, m, attn.hkv, attn.d)], 1).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=attn.hq != attn.hkv)
             x = layer.finish(x, o.transpose(1, 2).reshape(b * m, -1))
-        return self.lm_logits(x).view(b, n_anchor, gamma, -1), x.view(b, n_anchor, gamma, -1)
+        return self.draft_logits(x).view(b, n_anchor, gamma, -1), x.view(b, n_anchor, gamma, -1)
 
     # ------------------------------------------------------------------ I/O
     def save(self, out_dir: str | Path) -> None:

@@ -9,6 +9,7 @@ block sampled by the op and replayed with its own tokens as ``prev_tokens`` give
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..ops.sequential_head import MarkovBiasRows, SequentialHeadResult, SequentialHeadWeights, sequential_head
@@ -59,30 +60,35 @@ class SequentialHead(nn.Module):
         return torch.tanh(o), gate * state + (1 - gate) * torch.tanh(c)
 
     def teacher_forced(
-        self, base_logits: torch.Tensor, hidden: torch.Tensor, prev_tokens: torch.Tensor
+        self, base_logits: torch.Tensor, hidden: torch.Tensor, prev_tokens: torch.Tensor,
+        columns: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Training forward over blocks with known previous tokens (differentiable).
 
         Args:
-            base_logits: ``[B, G, V]`` backbone logits of the G slots of each block.
+            base_logits: ``[B, G, V]`` backbone logits of the G slots of each block, or ``[B, G, K]`` over the
+                vocabulary ids ``columns``.
             hidden: ``[B, G, d]`` backbone hidden states.
-            prev_tokens: ``[B, G]`` int, ``[anchor, x_1 .. x_{G-1}]`` of each block.
+            prev_tokens: ``[B, G]`` int target ids, ``[anchor, x_1 .. x_{G-1}]`` of each block.
+            columns: ``[K]`` int64, the target ids of ``base_logits``' last dimension (a draft vocabulary); None =
+                the whole vocabulary in id order.
         Returns:
-            ``(logits [B, G, V] float32, confidence_logits [B, G] float32)``; the confidence logits are zeros when
-            the head has no confidence layer.
+            ``(logits [B, G, V or K] float32, confidence_logits [B, G] float32)``; the confidence logits are zeros
+            when the head has no confidence layer.
         """
         h = hidden.float()
         logits = base_logits.float()
         e = self.w1(prev_tokens).float() if self.rank > 0 else None
+        w2 = None if self.rank == 0 else self.w2.weight if columns is None else self.w2.weight[columns]
         if self.kind in ("vanilla", "gated"):
-            logits = logits + self.w2(self._latent(e, h, None)[0])
+            logits = logits + F.linear(self._latent(e, h, None)[0], w2)
         elif self.kind == "rnn":
             state = h.new_zeros(h.shape[0], self.rank)
             lats = []
             for k in range(h.shape[1]):
                 lat, state = self._latent(e[:, k], h[:, k], state)
                 lats.append(lat)
-            logits = logits + self.w2(torch.stack(lats, dim=1))
+            logits = logits + F.linear(torch.stack(lats, dim=1), w2)
         if self.confidence is None:
             return logits, h.new_zeros(h.shape[:2])
         features = h if e is None else torch.cat([h, e], dim=-1)
