@@ -91,7 +91,11 @@ def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra, capsys):
             run(f"{name}-rank4", "--steps", "1", "--init", str(base), arch=[*extra, "--rank", "4"])
 
 
-def test_draft_vocab_training_saves_its_ranking_and_drafts_over_it(setup):
+@pytest.mark.parametrize("name,cli,extra", [
+    ("dspark", block_cli, ["--rank", "8", "--gammas", "3", "--anchors", "4", "--feature-layers", "0", "2"]),
+    ("mtp1", chain_cli, []),
+])
+def test_draft_vocab_training_saves_its_ranking_and_drafts_over_it(setup, name, cli, extra):
     """``--draft-vocab K --token-ranking DIR`` trains over the ranking's first K tokens and ships that ranking with the
     drafter, which then drafts over the same K tokens; without ``--token-ranking`` it is a usage error."""
     from dspark_kernels.drafters.draft_vocab import load_token_ranking, save_token_ranking
@@ -100,18 +104,20 @@ def test_draft_vocab_training_saves_its_ranking_and_drafts_over_it(setup):
     ranked.mkdir(exist_ok=True)
     ranking = torch.randperm(64, generator=torch.Generator().manual_seed(3))
     save_token_ranking(ranking, ranked)
-    out = setup / "out" / "dspark-k16"
-    block_cli.main(run_argv(setup, "dspark", setup / "runs" / "dspark-k16", out, "--rank", "8", "--gammas", "3",
-                            "--anchors", "4", "--feature-layers", "0", "2", "--steps", "2", "--draft-vocab", "16",
-                            "--token-ranking", str(ranked)))
+    out = setup / "out" / f"{name}-k16"
+    cli.main(run_argv(setup, name, setup / "runs" / f"{name}-k16", out, *extra, "--steps", "2", "--draft-vocab", "16",
+                      "--token-ranking", str(ranked)))
     assert torch.equal(load_token_ranking(out, 64), ranking)
+    log = [json.loads(line) for line in (setup / "runs" / f"{name}-k16" / "log.jsonl").read_text().splitlines()]
+    assert all(0 < r["l1"] <= 2 for r in log)
     target = load_model(setup / "target")
     drafter = load_drafter(out, target, draft_vocab=16)
-    res = speculative_generate(target, drafter, [[1, 5, 6]], 6, 3, temperature=1.0, seeds=[0])
+    res = speculative_generate(target, drafter, [[1, 5, 6]], 6, 1 if name == "mtp1" else 3, temperature=1.0,
+                               seeds=[0])
     assert len(res.tokens[0]) == 6
     with pytest.raises(SystemExit, match="--draft-vocab needs --token-ranking"):
-        block_cli.main(run_argv(setup, "dspark", setup / "runs" / "k16-bad", setup / "out" / "k16-bad", "--steps",
-                                "1", "--draft-vocab", "16"))
+        cli.main(run_argv(setup, name, setup / "runs" / "k16-bad", setup / "out" / "k16-bad", "--steps", "1",
+                          "--draft-vocab", "16"))
 
 
 @pytest.mark.parametrize("cli,argv,message", [

@@ -165,6 +165,10 @@ class ChainDrafter(nn.Module):
     def lm_logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.target.lm_head(self.norm(g).to(self.target.dtype)).float()
 
+    def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """The logits drafting uses: :meth:`lm_logits` ``[..., V]``, or ``[..., K]`` over :attr:`draft_vocab`."""
+        return draft_logits(self.draft_vocab, self.target.lm_head, self.norm(g).to(self.target.dtype))
+
     def pair_inputs(self, feats: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``feats [..., hidden]`` and next-token ids ``[...]`` -> layer inputs ``[..., hidden]``."""
         return self.fc(torch.cat([feats.to(self.dtype), self.embed(ids)], dim=-1))
@@ -299,7 +303,7 @@ class ChainDrafter(nn.Module):
                 o = verify_attention(q, cache.k[0], cache.v[0], page_table, cu1, lens, impl=impl, check_inputs=False,
                                      max_seqlen_q=1)
                 g = self.layer.finish(x, o.reshape(r, -1))
-                logits = draft_logits(self.draft_vocab, self.target.lm_head, self.norm(g).to(self.target.dtype))
+                logits = self.draft_logits(g)
                 res = draw(self.draft_vocab, logits, g, prev_tok, cu1, _NONE_HEAD, temperature, top_k, top_p,
                            None if u is None else u[:, k].contiguous(), impl=impl, check_inputs=False)
                 toks.append(res.tokens)

@@ -8,7 +8,8 @@ feature input is the drafter's own previous output hidden (training-time test, s
 chain anchored at ``A = t - k + 2``; it is supervised when ``A`` is a response token and ``x_{A+k}`` exists (same
 anchor rule as the block drafter), against the rollout token (CE) and the target's temperature-1 distribution at
 ``t + 1`` (L1 = twice the TV distance), weighted by ``w_k = exp(-(k - 1) / 4)`` and normalised over valid slots:
-``L = a_ce * CE + a_tv * L1`` (default 0.1 / 0.9 as for DSpark). MTP-1 trains step 1 only. ``--positions`` bounds
+``L = a_ce * CE + a_tv * L1`` (default 0.1 / 0.9 as for DSpark); ``--draft-vocab K`` trains over a draft vocabulary
+(:mod:`.draft_vocab_loss`). MTP-1 trains step 1 only. ``--positions`` bounds
 memory: the LM head and loss run at that many random supervised positions per sequence (the layer runs everywhere).
 
 AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
@@ -28,11 +29,17 @@ import random
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..cli_args import non_negative_float, non_negative_int
 from ..drafters.chain_drafter import ChainDrafter, ChainDrafterConfig
 from ..models import CausalLM, load_model
+from .draft_vocab_loss import (
+    add_draft_vocab_arguments,
+    attach_draft_vocab,
+    ce_and_l1,
+    check_draft_vocab_arguments,
+    save_ranking,
+)
 from .drafter_data import TargetOutputs, rollout_outputs, target_logits
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import Rollouts, load_rollout_dirs
@@ -68,19 +75,17 @@ def chain_loss(drafter: ChainDrafter, batch: TargetOutputs, steps: int, weights:
         score = torch.rand(b, seq_len, generator=generator) + ok.float()
         t = score.topk(positions, dim=1).indices.sort(dim=1).values
         hidden = hidden.gather(2, t[:, None, :, None].expand(b, k_steps, -1, hidden.shape[-1]))
-    logits = drafter.lm_logits(hidden)  # [B, K, P, V]
+    logits = drafter.draft_logits(hidden)  # [B, K, P, V], or [..., K] over a draft vocabulary
     k = torch.arange(1, k_steps + 1)
     anchor = t[:, None, :] - k[None, :, None] + 2  # [B, K, P]
     valid = (anchor >= batch.prompt_lens[:, None, None]) & (t[:, None, :] + 2 < batch.lens[:, None, None])
     labels = batch.tokens.gather(1, (t + 2).clamp(max=seq_len - 1))  # [B, P]
     tgt_rows = (t + 1).clamp(max=seq_len - 1)
     rows = batch.last_hidden.gather(1, tgt_rows[..., None].expand(-1, -1, batch.last_hidden.shape[-1]))
-    tgt = F.softmax(target_logits(drafter.target, rows), dim=-1)
+    tgt = target_logits(drafter.target, rows)  # [B, P, V]
     w = torch.exp(-(k.float() - 1) / decay)[None, :, None] * valid
     denom = w.sum().clamp_min(1e-8)
-    log_pd = F.log_softmax(logits, dim=-1)
-    ce = -log_pd.gather(-1, labels[:, None, :, None].expand(b, k_steps, -1, 1)).squeeze(-1)
-    l1 = (log_pd.exp() - tgt[:, None]).abs().sum(-1)
+    ce, l1, _ = ce_and_l1(logits, tgt[:, None], labels[:, None], drafter.draft_vocab)
     total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
     with torch.no_grad():
         n_valid = valid.sum(dim=(0, 2)).clamp_min(1)
@@ -89,6 +94,7 @@ def chain_loss(drafter: ChainDrafter, batch: TargetOutputs, steps: int, weights:
 
 
 def train(args: argparse.Namespace) -> dict:
+    check_draft_vocab_arguments(args)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
@@ -100,6 +106,7 @@ def train(args: argparse.Namespace) -> dict:
     cfg = ChainDrafterConfig(feature_layer=args.feature_layer, vocab_size=target.config.vocab_size,
                              hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name)
     drafter = ChainDrafter(cfg, target)
+    ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
     order = list(range(len(rollouts)))
 
     def loss_fn():
@@ -108,7 +115,9 @@ def train(args: argparse.Namespace) -> dict:
         parts = chain_loss(drafter, batch, unroll, (args.ce_weight, args.tv_weight), positions=args.positions)
         return parts.total, {"ce": parts.ce, "l1": parts.l1, "l1_by_step": parts.per_step_l1}
 
-    return run_training(drafter, args, rng, loss_fn)
+    summary = run_training(drafter, args, rng, loss_fn)
+    save_ranking(ranking, args.out)
+    return summary
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_arguments(p)
     p.add_argument("--positions", type=non_negative_int, default=128,
                    help="supervised positions sampled per sequence and step (0 = all; bounds the logits' memory)")
+    add_draft_vocab_arguments(p)
     add_optimiser_arguments(p)
     return p
 

@@ -7,12 +7,7 @@ Loss (paper §5): ``L = a_ce * CE + a_tv * L1 + a_conf * BCE``, every term weigh
 * BCE: confidence logits against the detached analytic acceptance ``clamp(1 - L1 / 2, 0, 1)``.
 DSpark uses (0.1, 0.9, 1.0); DFlash (1, 0, 0) with no Markov head and no confidence head.
 
-``--draft-vocab K`` trains the drafter as it drafts with a draft vocabulary (:mod:`..drafters.draft_vocab`): the base
-logits and the Markov bias over the first ``K`` tokens of ``--token-ranking``'s ranking only, the draft softmax over
-them (0 elsewhere). The target keeps its whole vocabulary: its probabilities of the ``K`` tokens are normalised by the
-full log-sum-exp, and ``L1 = sum_K |p_d - p_t| + (1 - sum_K p_t)`` is still twice the TV distance between the drafter's
-distribution and the target's, so ``1 - L1 / 2`` is still the acceptance. A label outside the ``K`` tokens cannot be
-drafted and adds no CE. The LM head's cost falls by ``V / K`` (6x at K = 8192 of SmolLM2's 49,152).
+``--draft-vocab K`` trains over a draft vocabulary, as the drafter then drafts (:mod:`.draft_vocab_loss`).
 
 Each step draws a block size from ``--gammas`` (default 7 and 15, so one checkpoint serves both benchmark settings).
 AdamW (weight decay 0), linear warmup over 4% of the steps then cosine decay to 0, gradient clipping 1.0; resumable
@@ -30,15 +25,20 @@ from __future__ import annotations
 import argparse
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..cli_args import non_negative_int, positive_int
 from ..drafters.block_drafter import BlockDrafter, DrafterConfig
-from ..drafters.draft_vocab import DraftVocab, load_token_ranking, save_token_ranking
 from ..models import load_model
+from .draft_vocab_loss import (
+    add_draft_vocab_arguments,
+    attach_draft_vocab,
+    ce_and_l1,
+    check_draft_vocab_arguments,
+    save_ranking,
+)
 from .drafter_data import DrafterBatch, make_batch
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import load_rollout_dirs
@@ -69,30 +69,19 @@ def drafter_loss(drafter: BlockDrafter, batch: DrafterBatch, gamma: int, weights
     logits, conf = logits.view(b, a, g, v), conf.view(b, a, g)
     w = torch.exp(-torch.arange(g, dtype=torch.float32) / decay)[None, None, :] * batch.valid
     denom = w.sum().clamp_min(1e-8)
-    log_pd = F.log_softmax(logits, dim=-1)
-    if vocab is None:
-        labels, w_ce = batch.labels, w
-        l1 = (log_pd.exp() - F.softmax(batch.target_logits, dim=-1)).abs().sum(-1)
-    else:  # the target's probabilities of the K tokens, and the mass outside them that the drafter cannot cover
-        p_t = (batch.target_logits[..., vocab.ids] - batch.target_logits.logsumexp(-1, keepdim=True)).exp()
-        local = vocab.local_of[batch.labels]
-        labels, w_ce = local.clamp(max=v - 1), w * (local < v)
-        l1 = (log_pd.exp() - p_t).abs().sum(-1) + (1 - p_t.sum(-1)).clamp_min(0)
-    ce = -log_pd.gather(-1, labels[..., None]).squeeze(-1)
-    total = a_ce * (w_ce * ce).sum() / denom + a_tv * (w * l1).sum() / denom
+    ce, l1, _ = ce_and_l1(logits, batch.target_logits, batch.labels, vocab)
+    total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
     conf_loss = torch.zeros(())
     if a_conf > 0:
         target_acc = (1 - 0.5 * l1.detach()).clamp(0, 1)
         conf_loss = (w * F.binary_cross_entropy_with_logits(conf, target_acc, reduction="none")).sum() / denom
         total = total + a_conf * conf_loss
     with torch.no_grad():
-        return LossParts(total, float((w_ce * ce).sum() / denom), float((w * l1).sum() / denom), float(conf_loss))
+        return LossParts(total, float((w * ce).sum() / denom), float((w * l1).sum() / denom), float(conf_loss))
 
 
 def train(args: argparse.Namespace) -> dict:
-    if args.draft_vocab and args.token_ranking is None:
-        raise SystemExit("error: --draft-vocab needs --token-ranking (a drafter directory with "
-                         "token_ranking.safetensors)")
+    check_draft_vocab_arguments(args)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     target = load_model(args.target)
@@ -105,10 +94,7 @@ def train(args: argparse.Namespace) -> dict:
         confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
     )
     drafter = BlockDrafter(cfg, target)
-    ranking = None
-    if args.draft_vocab:
-        ranking = load_token_ranking(args.token_ranking, cfg.vocab_size)
-        drafter.draft_vocab = DraftVocab.from_ranking(ranking, args.draft_vocab)
+    ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
 
     def loss_fn():
         gamma = rng.choice(args.gammas)
@@ -118,8 +104,7 @@ def train(args: argparse.Namespace) -> dict:
         return parts.total, {"gamma": gamma, "ce": parts.ce, "l1": parts.l1, "conf": parts.conf}
 
     summary = run_training(drafter, args, rng, loss_fn)
-    if ranking is not None:  # the drafter directory drafts over the vocabulary it was trained on
-        save_token_ranking(ranking, args.out)
+    save_ranking(ranking, args.out)
     return summary
 
 
@@ -143,12 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_training_arguments(p)
     p.add_argument("--anchors", type=positive_int, default=32,
                    help="blocks (anchor positions) per rollout per step")
-    p.add_argument("--draft-vocab", type=non_negative_int, default=0,
-                   help="train over the first K tokens of --token-ranking's ranking, as the drafter drafts with "
-                        "load_drafter(..., draft_vocab=K) (0 = the whole vocabulary)")
-    p.add_argument("--token-ranking", type=Path, default=None,
-                   help="drafter directory whose token_ranking.safetensors gives the draft vocabulary (with "
-                        "--draft-vocab; copied to --out)")
+    add_draft_vocab_arguments(p)
     add_optimiser_arguments(p)
     return p
 
