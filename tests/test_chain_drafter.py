@@ -30,9 +30,10 @@ def target(tmp_path_factory):
     return load_model(save_tiny_qwen3(tmp_path_factory.mktemp("target"), vocab_size=VOCAB))
 
 
-def make_drafter(target, max_steps=4, seed=1, name="eagle"):
+def make_drafter(target, max_steps=4, seed=1, name="eagle", input_norm=False):
     torch.manual_seed(seed)
-    cfg = ChainDrafterConfig(feature_layer=-1, vocab_size=VOCAB, hidden_size=64, max_steps=max_steps, name=name)
+    cfg = ChainDrafterConfig(feature_layer=-1, vocab_size=VOCAB, hidden_size=64, max_steps=max_steps, name=name,
+                             input_norm=input_norm)
     drafter = ChainDrafter(cfg, target)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -63,8 +64,9 @@ def trained(target):
     return {"eagle": train_drafter(target, 3), "mtp1": train_drafter(target, 1)}
 
 
-def test_cached_chain_matches_full_recompute_and_rolls_back(target):
-    drafter = make_drafter(target)
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_cached_chain_matches_full_recompute_and_rolls_back(target, input_norm):
+    drafter = make_drafter(target, input_norm=input_norm)
     assert drafter.feature_layers == (2,)  # -1 resolves to the last non-final layer
     seqs = [[random.randrange(4, VOCAB) for _ in range(18)], [random.randrange(4, VOCAB) for _ in range(13)]]
     gamma = 4
@@ -220,8 +222,9 @@ def test_training_steps_reduce_loss(target, max_steps, positions):
         assert abs(sum(sub) / len(sub) - full) < 0.15 * full
 
 
-def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
-    drafter = make_drafter(target, 1, name="mtp1")
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_save_load_round_trip_and_mismatch_errors(target, tmp_path, input_norm):
+    drafter = make_drafter(target, 1, name="mtp1", input_norm=input_norm)
     drafter.save(tmp_path / "d")
     back = load_chain_drafter(tmp_path / "d", target)
     assert back.config == drafter.config

@@ -28,10 +28,11 @@ def target(tmp_path_factory):
     return load_model(save_tiny_qwen3(tmp_path_factory.mktemp("target"), vocab_size=VOCAB))
 
 
-def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1):
+def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1, feature_norm=False):
     torch.manual_seed(seed)
     cfg = DrafterConfig(feature_layers=(0, 2), mask_token_id=MASK, vocab_size=VOCAB, hidden_size=64,
-                        num_layers=layers, gamma=7, head_kind=kind if rank else "none", markov_rank=rank)
+                        num_layers=layers, gamma=7, head_kind=kind if rank else "none", markov_rank=rank,
+                        feature_norm=feature_norm)
     drafter = BlockDrafter(cfg, target)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -70,9 +71,9 @@ def trained(target):
     return {kind: train_block_drafter(target, kind, rank) for kind, rank in KINDS}
 
 
-@pytest.mark.parametrize("kind,rank", KINDS)
-def test_training_forward_matches_inference(target, kind, rank):
-    drafter = make_drafter(target, kind, rank)
+@pytest.mark.parametrize("kind,rank,feature_norm", [(*k, False) for k in KINDS] + [("vanilla", 8, True)])
+def test_training_forward_matches_inference(target, kind, rank, feature_norm):
+    drafter = make_drafter(target, kind, rank, feature_norm=feature_norm)
     seq = [random.randrange(4, VOCAB) for _ in range(20)]
     out = forward_outputs(target, [seq], drafter.feature_layers)
     features, tokens = out.features, out.tokens
@@ -256,10 +257,12 @@ def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, 
     assert sub.l1 > float((w * kept).sum() / w.sum()) + 0.05
 
 
-def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
-    drafter = make_drafter(target, "rnn", 8)
+@pytest.mark.parametrize("feature_norm", [False, True])
+def test_save_load_round_trip_and_mismatch_errors(target, tmp_path, feature_norm):
+    drafter = make_drafter(target, "rnn", 8, feature_norm=feature_norm)
     drafter.save(tmp_path / "d")
     back = load_block_drafter(tmp_path / "d", target)
+    assert back.config == drafter.config and len(back.state_dict()) == len(drafter.state_dict())
     for (k, v), (k2, v2) in zip(drafter.state_dict().items(), back.state_dict().items()):
         assert k == k2 and torch.equal(v, v2)
     cfg = drafter.config

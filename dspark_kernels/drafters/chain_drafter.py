@@ -4,6 +4,7 @@ Model: one target-family causal decoder layer (pre-norm attention with Qwen3 q/k
 position ``t`` is the *pair* ``(f_t, x_{t+1})``::
 
     in_t = fc([f_t ; embed(x_{t+1})])        (2 * hidden -> hidden, bias-free)
+           fc([norm_f(f_t) ; norm_e(embed(x_{t+1}))])   with ``input_norm`` (EAGLE-3's input norms)
     g_t  = layer(in_t)                      (causal over the request's pairs 0..t)
     logits_t = lm_head(norm(g_t))           -> predicts x_{t+2}
 
@@ -69,6 +70,9 @@ class ChainDrafterConfig:
     ``feature_layer``: the target layer whose raw output is the feature (-1 = the last non-final layer,
     ``num_hidden_layers - 2``, resolved by :meth:`resolved`); ``max_steps``: the chain length it was trained for
     (1 = MTP-1); ``vocab_size``/``hidden_size`` record the target, so a mismatched target is refused.
+    ``input_norm``: RMS-normalise the feature and the token embedding apiece before ``fc``. A target's raw residual
+    stream can be far larger than its embeddings (SmolLM2-135M: a median token RMS of about 30 at layer 28 against
+    0.13 for an embedding), and without the norms ``fc`` starts out reading the feature alone.
     """
 
     feature_layer: int
@@ -76,6 +80,7 @@ class ChainDrafterConfig:
     hidden_size: int
     max_steps: int = 4
     name: str = "eagle"
+    input_norm: bool = False
 
     def resolved(self, target: ModelConfig) -> "ChainDrafterConfig":
         if self.feature_layer == -1:
@@ -140,6 +145,9 @@ class ChainDrafter(nn.Module):
         self.layer_config = dataclasses.replace(target.config, num_hidden_layers=1)
         h = target.config.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
+        if cfg.input_norm:
+            self.feature_norm = RMSNorm(h, target.config.rms_norm_eps)
+            self.token_norm = RMSNorm(h, target.config.rms_norm_eps)
         self.layer = DraftLayer(self.layer_config)
         self.norm = RMSNorm(h, target.config.rms_norm_eps)
         self.__dict__["target"] = target  # frozen, shared: not a parameter, not saved
@@ -171,7 +179,10 @@ class ChainDrafter(nn.Module):
 
     def pair_inputs(self, feats: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """``feats [..., hidden]`` and next-token ids ``[...]`` -> layer inputs ``[..., hidden]``."""
-        return self.fc(torch.cat([feats.to(self.dtype), self.embed(ids)], dim=-1))
+        feats, emb = feats.to(self.dtype), self.embed(ids)
+        if self.config.input_norm:
+            feats, emb = self.feature_norm(feats), self.token_norm(emb)
+        return self.fc(torch.cat([feats, emb], dim=-1))
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target._rope(positions, self.dtype)

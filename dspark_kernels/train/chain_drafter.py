@@ -104,7 +104,8 @@ def train(args: argparse.Namespace) -> dict:
         raise SystemExit("error: --ce-weight and --tv-weight are both 0: the loss would be 0 and nothing trained")
     unroll = args.steps_unroll or DEFAULT_STEPS.get(args.name, 4)
     cfg = ChainDrafterConfig(feature_layer=args.feature_layer, vocab_size=target.config.vocab_size,
-                             hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name)
+                             hidden_size=target.config.hidden_size, max_steps=unroll, name=args.name,
+                             input_norm=args.input_norm)
     drafter = ChainDrafter(cfg, target)
     ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
     order = list(range(len(rollouts)))
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps-unroll", type=non_negative_int, default=0,
                    help="chain steps trained (default: eagle 4, mtp1 1)")
     p.add_argument("--feature-layer", type=int, default=-1, help="target layer (-1 = last non-final layer)")
+    p.add_argument("--input-norm", action="store_true",
+                   help="RMS-normalise the feature and the token embedding apiece before the drafter's fc")
     p.add_argument("--ce-weight", type=non_negative_float, default=0.1,
                    help="weight of the cross-entropy against the rollout token")
     p.add_argument("--tv-weight", type=non_negative_float, default=0.9,
