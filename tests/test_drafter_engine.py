@@ -257,18 +257,6 @@ def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, 
     assert sub.l1 > float((w * kept).sum() / w.sum()) + 0.05
 
 
-def test_init_from_target_copies_the_last_layers_and_passes_the_deepest_features(target):
-    from dspark_kernels.train.drafter import init_from_target
-
-    drafter = make_drafter(target)  # a 4-layer target; feature layers (0, 2), 2 draft layers
-    init_from_target(drafter, target)
-    for i, layer in enumerate(drafter.layers):
-        for k, v in target.model.layers[2 + i].state_dict().items():
-            assert torch.equal(layer.state_dict()[k], v), k
-    feats = torch.randn(5, 2 * 64)
-    torch.testing.assert_close(drafter.context_features(feats), drafter.hidden_norm(feats[:, 64:]))
-
-
 @pytest.mark.parametrize("feature_norm", [False, True])
 def test_save_load_round_trip_and_mismatch_errors(target, tmp_path, feature_norm):
     drafter = make_drafter(target, "rnn", 8, feature_norm=feature_norm)

@@ -80,22 +80,6 @@ def drafter_loss(drafter: BlockDrafter, batch: DrafterBatch, gamma: int, weights
         return LossParts(total, float((w * ce).sum() / denom), float((w * l1).sum() / denom), float(conf_loss))
 
 
-@torch.no_grad()
-def init_from_target(drafter: BlockDrafter, target) -> None:
-    """Start the backbone from the target's own weights: draft layer ``i`` of ``n`` copies target layer
-    ``L - n + i`` (the target's last ``n`` layers), and ``fc`` passes the deepest feature layer's hidden states
-    through unchanged (identity on its columns, zero on the others), so the context keys and values start as a late
-    target layer computes them from that residual stream."""
-    n, h = len(drafter.layers), drafter.config.hidden_size
-    last = target.config.num_hidden_layers
-    for i, layer in enumerate(drafter.layers):
-        src = target.model.layers[last - n + i].state_dict()
-        layer.load_state_dict({k: v.to(layer.state_dict()[k].dtype) for k, v in src.items()})
-    deepest = max(range(len(drafter.config.feature_layers)), key=lambda j: drafter.config.feature_layers[j])
-    drafter.fc.weight.zero_()
-    drafter.fc.weight[:, deepest * h:(deepest + 1) * h] = torch.eye(h, dtype=drafter.fc.weight.dtype)
-
-
 def train(args: argparse.Namespace) -> dict:
     check_draft_vocab_arguments(args)
     torch.manual_seed(args.seed)
@@ -110,8 +94,6 @@ def train(args: argparse.Namespace) -> dict:
         confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name, feature_norm=args.feature_norm,
     )
     drafter = BlockDrafter(cfg, target)
-    if args.init_from_target:
-        init_from_target(drafter, target)
     ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
 
     def loss_fn():
@@ -139,9 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft decoder layers")
     p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4],
                    help="target decoder layers whose hidden states condition the drafter")
-    p.add_argument("--init-from-target", action="store_true",
-                   help="start the draft layers from the target's last layers and fc as the deepest feature layer's "
-                        "pass-through (a fresh run; --init and --resume load over it)")
     p.add_argument("--feature-norm", action="store_true",
                    help="RMS-normalise each feature layer's hidden states before the drafter's fc")
     p.add_argument("--mask-token-id", type=int, default=MASK_ID,
