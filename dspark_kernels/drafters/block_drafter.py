@@ -6,7 +6,7 @@ at position P, the block input is ``[x_0, MASK x (gamma - 1)]`` at positions ``P
 
 * Context features: the target's raw hidden states of ``feature_layers`` for every committed position ``< P``,
   concatenated (``[T, m * hidden]``), projected by a bias-free ``fc`` and RMS-normalised (``hidden_norm``) into
-  ``H_ctx``; with ``feature_norm`` each layer's features are RMS-normalised (a norm per layer) before ``fc``.
+  ``H_ctx``.
 * Every draft layer is a target-family decoder layer (pre-norm attention + SwiGLU MLP, Qwen3 q/k-norm). Its queries
   come from the block; its keys/values are the concatenation of ``k/v_proj(H_ctx)`` (same projections, RoPE at the
   context's absolute positions) and ``k/v_proj(norm(block))`` (RoPE at the block positions). Attention is non-causal
@@ -59,9 +59,6 @@ class DrafterConfig:
     """Hyper-parameters of a block drafter (stored as ``drafter_config.json``).
 
     ``vocab_size``/``hidden_size`` record the target it was built for, so a mismatched target is refused at load.
-    ``feature_norm``: RMS-normalise each feature layer's hidden states apiece before ``fc``, so that a deep layer's
-    larger residual stream (SmolLM2-135M: a median token RMS of 3 / 7 / 30 at layers 2 / 15 / 28) does not drown the
-    shallower ones in ``fc``'s input.
     """
 
     feature_layers: tuple[int, ...]
@@ -74,7 +71,6 @@ class DrafterConfig:
     markov_rank: int = 64
     confidence: bool = True
     name: str = "dspark"
-    feature_norm: bool = False
 
     def validate(self, target: ModelConfig) -> None:
         if not 1 <= self.num_layers <= 5:
@@ -136,8 +132,6 @@ class BlockDrafter(nn.Module):
         self.layer_config = dataclasses.replace(target.config, num_hidden_layers=cfg.num_layers)
         h = target.config.hidden_size
         self.fc = nn.Linear(len(cfg.feature_layers) * h, h, bias=False)
-        if cfg.feature_norm:
-            self.feature_norms = nn.ModuleList(RMSNorm(h, target.config.rms_norm_eps) for _ in cfg.feature_layers)
         self.hidden_norm = RMSNorm(h, target.config.rms_norm_eps)
         self.layers = nn.ModuleList(DraftLayer(self.layer_config) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(h, target.config.rms_norm_eps)
@@ -174,9 +168,6 @@ class BlockDrafter(nn.Module):
 
     def context_features(self, features: torch.Tensor) -> torch.Tensor:
         """``[..., m * hidden]`` concatenated target features -> ``H_ctx [..., hidden]``."""
-        if self.config.feature_norm:
-            parts = features.split(self.config.hidden_size, dim=-1)
-            features = torch.cat([norm(x) for norm, x in zip(self.feature_norms, parts)], dim=-1)
         return self.hidden_norm(self.fc(features))
 
     def block_inputs(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:

@@ -91,7 +91,7 @@ def train(args: argparse.Namespace) -> dict:
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,
         vocab_size=target.config.vocab_size, hidden_size=target.config.hidden_size, num_layers=args.layers,
         gamma=max(args.gammas), head_kind=args.head if args.rank > 0 else "none", markov_rank=args.rank,
-        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name, feature_norm=args.feature_norm,
+        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
     )
     drafter = BlockDrafter(cfg, target)
     ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
@@ -121,8 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft decoder layers")
     p.add_argument("--feature-layers", type=int, nargs="+", default=[0, 2, 4],
                    help="target decoder layers whose hidden states condition the drafter")
-    p.add_argument("--feature-norm", action="store_true",
-                   help="RMS-normalise each feature layer's hidden states before the drafter's fc")
     p.add_argument("--mask-token-id", type=int, default=MASK_ID,
                    help="token id whose embedding fills the block's masked slots")
     p.add_argument("--gammas", type=positive_int, nargs="+", default=[7, 15],
