@@ -302,3 +302,16 @@ def test_cli_end_to_end_on_a_tiny_model(tmp_path, capsys):
     assert meta["num_prompts"] == 6 and meta["fit_rounds"] > 0 and meta["eval_rounds"] > 0
     assert len(doc["metrics_before"]["cumulative"]) == 4
     assert sum(m["n"] for m in doc["metrics_before"]["cumulative"][:1]) == meta["eval_rounds"]
+    assert meta["draft_vocab"] is None  # a drafter that is not the one shipped for --model: the whole vocabulary
+
+    from dspark_kernels.drafters.draft_vocab import save_token_ranking
+
+    argv = ["--model", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"), "--rollouts",
+            str(tmp_path / "rollouts"), "--gamma", "4", "--num-prompts", "6", "--max-new-tokens", "12", "--device",
+            "cpu", "--draft-vocab", "16"]
+    with pytest.raises(SystemExit):  # no token ranking to take the 16 tokens from
+        cal.main(argv)
+    assert "has no token ranking" in capsys.readouterr().err
+    save_token_ranking(torch.randperm(64), tmp_path / "drafter")
+    cal.main(argv)  # calibrated as it drafts with a draft vocabulary
+    assert json.loads((tmp_path / "drafter" / "calibration.json").read_text())["meta"]["draft_vocab"] == 16

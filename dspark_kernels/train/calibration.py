@@ -47,7 +47,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli_args import missing_inputs_are_usage_errors, model_source, non_negative_float, positive_int
+from ..cli_args import (
+    DRAFT_VOCAB_HELP,
+    draft_vocab_choice,
+    missing_inputs_are_usage_errors,
+    model_source,
+    non_negative_float,
+    positive_int,
+)
+from ..models.registry import shipped_drafter
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -404,7 +412,7 @@ def _collect_traces(args: argparse.Namespace):
     from .rollouts import load_rollouts
 
     target = load_model(args.model, device=args.device)
-    drafter = load_drafter(args.drafter, target)
+    drafter = load_drafter(args.drafter, target, draft_vocab=args.draft_vocab)
     prompts = load_rollouts(args.rollouts, "heldout").prompts[: args.num_prompts]
     res = speculative_generate(target, drafter, prompts, args.max_new_tokens, args.gamma,
                                temperature=args.temperature, seeds=list(range(len(prompts))),
@@ -429,7 +437,7 @@ def run(args: argparse.Namespace) -> dict:
             "split": "heldout", "gamma": args.gamma, "temperature": args.temperature, "num_prompts": n_prompts,
             "max_new_tokens": args.max_new_tokens, "seed": args.seed, "bins": args.bins,
             "grid": "2^(i/10), i=-30..30", "fit_rounds": int(fit.sum()), "eval_rounds": int(ev.sum()),
-            "tau": res.tau, "device": str(args.device)}
+            "tau": res.tau, "device": str(args.device), "draft_vocab": args.draft_vocab}
     out = save_temperatures(args.drafter, temps, before, after, meta)
     print(f"rounds: fit {int(fit.sum())}, eval {int(ev.sum())}; tau = {res.tau:.3f}")
     print("temperatures:", " ".join(f"{t:.3f}" for t in temps.tolist()))
@@ -460,7 +468,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                    help="device to decode on")
+    p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     args = p.parse_args(argv)
+    shipped = shipped_drafter(args.model, "dspark")
+    try:
+        args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model,
+                                              shipped is not None and shipped.resolve() == args.drafter.resolve(),
+                                              [args.drafter])
+    except ValueError as e:
+        p.error(str(e))
     with missing_inputs_are_usage_errors(p):
         run(args)
 
