@@ -3,13 +3,17 @@
 # fetch): chat prompt sets, the target's own answers with their features recorded, the four drafters (DSpark, DFlash,
 # EAGLE-style chain, MTP-1) and the transformers assistant on the same rollouts, the token ranking of the draft
 # vocabulary, calibration, and the acceptance benchmark. Every step resumes where it stopped (run the script again).
-# Knobs: N_TRAIN (train prompts answered), STEPS (optimiser steps of DSpark, DFlash and MTP-1), EAGLE_STEPS (of the
-# EAGLE-style chain, whose unroll of 4 steps costs about 4x a step of the others, and of the assistant),
-# THREADS (per trainer; the trainers run side by side).
+# Knobs: N_TRAIN (train prompts answered), STEPS (optimiser steps of DSpark and DFlash over the whole vocabulary),
+# FT_STEPS (DSpark's further steps over the 8192-token draft vocabulary), MTP1_STEPS (MTP-1's, over the draft
+# vocabulary, with input norms; STEPS + FT_STEPS by default, DSpark's total), EAGLE_STEPS (of the EAGLE-style chain,
+# whose unroll of 4 steps costs about 4x a step of the others, and of the assistant), THREADS (per trainer; the
+# trainers run side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_TRAIN=${N_TRAIN:-576}
 STEPS=${STEPS:-450}
+FT_STEPS=${FT_STEPS:-1150}
+MTP1_STEPS=${MTP1_STEPS:-$((STEPS + FT_STEPS))}
 EAGLE_STEPS=${EAGLE_STEPS:-200}
 THREADS=${THREADS:-1}
 MODEL=smollm2-135m-instruct
@@ -36,7 +40,18 @@ run() {  # name, trainer module, args...: one trainer in the background with its
 mkdir -p data/logs
 run dspark drafter "${block[@]}" --head vanilla --rank 64
 run dflash drafter "${block[@]}" --loss dflash --rank 0
-run mtp1 chain_drafter --feature-layer 28 --positions 64
+wait
+python -m dspark_kernels.train.token_ranking --rollouts $RO --out $OUT/dspark $OUT/dflash
+# DSpark trains on over the draft vocabulary it drafts with (seed 1: other batches than its first steps'); MTP-1
+# trains over it from the start, reading its feature and token embedding through input norms
+common=(--target $MODEL --rollouts $RO --steps "$FT_STEPS" --batch-size 8 --resume --draft-vocab 8192
+        --token-ranking $OUT/dspark)
+OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.drafter --name dspark --out $OUT/dspark \
+    --work-dir data/drafter_runs/$MODEL/dspark-ft "${common[@]}" "${block[@]}" --head vanilla --rank 64 \
+    --init $OUT/dspark --seed 1 > data/logs/train_dspark-ft.log 2>&1 &
+common=(--target $MODEL --rollouts $RO --steps "$MTP1_STEPS" --batch-size 8 --resume --draft-vocab 8192
+        --token-ranking $OUT/dspark)
+run mtp1 chain_drafter --feature-layer 28 --positions 64 --input-norm
 wait
 common=(--target $MODEL --rollouts $RO --steps "$EAGLE_STEPS" --batch-size 8 --resume)
 run eagle chain_drafter --feature-layer 28 --positions 16
@@ -46,7 +61,7 @@ OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.assistant --target $MODE
 wait
 python -m dspark_kernels.train.token_ranking --rollouts $RO --out $OUT/dspark $OUT/dflash $OUT/eagle $OUT/mtp1
 
-python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 150 \
-    --max-new-tokens 128
+python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 96 \
+    --max-new-tokens 64
 python -m dspark_kernels.bench acceptance --model $MODEL --prompts data/prompts --num-prompts 6 \
     --max-new-tokens 64 --json results/acceptance_smollm2.json
