@@ -4,7 +4,7 @@ Model: one target-family causal decoder layer (pre-norm attention with Qwen3 q/k
 position ``t`` is the *pair* ``(f_t, x_{t+1})``::
 
     in_t = fc([f_t ; embed(x_{t+1})])        (2 * hidden -> hidden, bias-free)
-           fc([norm_f(f_t) ; norm_e(embed(x_{t+1}))])   with ``input_norm`` (EAGLE-3's input norms)
+           fc([feature_norm(f_t) ; token_norm(embed(x_{t+1}))])   with ``input_norm``
     g_t  = layer(in_t)                      (causal over the request's pairs 0..t)
     logits_t = lm_head(norm(g_t))           -> predicts x_{t+2}
 
