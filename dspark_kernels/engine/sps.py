@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from ..cli_args import DRAFT_VOCAB_HELP, draft_vocab_choice, missing_inputs_are_usage_errors, model_source
     from ..drafters import check_gamma, load_drafter
-    from ..models.registry import shipped_drafter
+    from ..models.registry import is_shipped_drafter
     from ..models.transformer import load_model
 
     p = argparse.ArgumentParser(prog="python -m dspark_kernels.engine.sps", description=main.__doc__)
@@ -444,9 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.drafter is not None:
-        shipped = args.drafter.resolve() == (shipped_drafter(args.target, args.drafter.name) or Path()).resolve()
         try:
-            args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.target, shipped, [args.drafter])
+            args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.target,
+                                                  is_shipped_drafter(args.target, args.drafter), [args.drafter])
         except ValueError as e:
             p.error(str(e))
     with missing_inputs_are_usage_errors(p):  # both loaded (and checked) before anything is measured or written

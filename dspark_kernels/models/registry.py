@@ -100,6 +100,12 @@ def shipped_drafter(model: str | Path, name: str) -> Path | None:
     return spec.drafters / name
 
 
+def is_shipped_drafter(model: str | Path, path: str | Path) -> bool:
+    """Whether the drafter directory ``path`` is the one shipped for registry model ``model`` under its name."""
+    shipped = shipped_drafter(model, Path(path).name)
+    return shipped is not None and shipped.resolve() == Path(path).resolve()
+
+
 def resolve_model(source: str | Path, *, fetch: bool = True, progress: bool = True,
                   cache_dir: str | Path | None = None) -> Path:
     """The local path of ``source``: a registry name, a model directory or a ``.gguf`` file.

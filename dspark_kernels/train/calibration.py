@@ -55,7 +55,7 @@ from ..cli_args import (
     non_negative_float,
     positive_int,
 )
-from ..models.registry import shipped_drafter
+from ..models.registry import is_shipped_drafter
 
 __all__ = [
     "CALIBRATION_FILE",
@@ -470,11 +470,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="device to decode on")
     p.add_argument("--draft-vocab", type=int, default=None, help=DRAFT_VOCAB_HELP)
     args = p.parse_args(argv)
-    shipped = shipped_drafter(args.model, "dspark")
     try:
         args.draft_vocab = draft_vocab_choice(args.draft_vocab, args.model,
-                                              shipped is not None and shipped.resolve() == args.drafter.resolve(),
-                                              [args.drafter])
+                                              is_shipped_drafter(args.model, args.drafter), [args.drafter])
     except ValueError as e:
         p.error(str(e))
     with missing_inputs_are_usage_errors(p):
