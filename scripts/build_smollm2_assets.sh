@@ -59,7 +59,7 @@ OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.assistant --target $MODE
     --batch-size 8 --positions 64 --out data/assistant_smollm2 --work-dir data/drafter_runs/$MODEL/assistant --resume \
     > data/logs/train_assistant.log 2>&1
 wait
-python -m dspark_kernels.train.token_ranking --rollouts $RO --out $OUT/dspark $OUT/dflash $OUT/eagle $OUT/mtp1
+python -m dspark_kernels.train.token_ranking --rollouts $RO --out $OUT/eagle  # MTP-1's trainer copied its ranking
 
 python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 96 \
     --max-new-tokens 64
