@@ -6,17 +6,19 @@
 * training reduces the loss; save/load round trip; mismatch errors.
 """
 
+import dataclasses
 import random
 
 import pytest
 import torch
 
 from dspark_kernels.drafters.chain_drafter import ChainDrafter, ChainDrafterConfig, load_chain_drafter
+from dspark_kernels.drafters.draft_vocab import DraftVocab
 from dspark_kernels.engine.draft_length import AdaptiveDraftLength, RoundCosts
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.train.chain_drafter import chain_loss, make_chain_batch
-from dspark_kernels.train.drafter_data import forward_outputs
+from dspark_kernels.train.drafter_data import forward_outputs, target_logits
 from dspark_kernels.train.rollouts import Rollouts
 from tests.lossless import assert_follows_target
 from tests.tiny_models import save_tiny_qwen3
@@ -220,6 +222,25 @@ def test_training_steps_reduce_loss(target, max_steps, positions):
         full = chain_loss(drafter, batch, max_steps).total.item()
         sub = [chain_loss(drafter, batch, max_steps, positions=positions).total.item() for _ in range(20)]
         assert abs(sum(sub) / len(sub) - full) < 0.15 * full
+
+
+@pytest.mark.parametrize("max_steps", [1, 3])
+def test_draft_vocab_loss_reads_the_recorded_log_sum_exp(target, max_steps):
+    """Over a draft vocabulary the loss takes the target's log-sum-exp recorded with the rollouts (K logits computed)
+    and equals the loss that reduces the whole logits of a forward."""
+    drafter = make_drafter(target, max_steps)
+    drafter.draft_vocab = DraftVocab(torch.randperm(VOCAB, generator=torch.Generator().manual_seed(2))[:30], VOCAB)
+    rng = random.Random(3)
+    ro = Rollouts([[1, 5, 6, 7]] * 3, [[rng.randrange(4, VOCAB) for _ in range(12)] for _ in range(3)], [1.0] * 3,
+                  [0] * 3)
+    forward = make_chain_batch(target, ro, [0, 1, 2], drafter.config.feature_layer)
+    assert forward.logsumexp is None
+    lse = target_logits(target, forward.last_hidden).logsumexp(-1)
+    recorded = dataclasses.replace(forward, logsumexp=lse.masked_fill(torch.arange(lse.shape[1]) < 3, float("nan")))
+    want = chain_loss(drafter, forward, max_steps, generator=torch.Generator().manual_seed(4), positions=6)
+    got = chain_loss(drafter, recorded, max_steps, generator=torch.Generator().manual_seed(4), positions=6)
+    assert got.l1 == pytest.approx(want.l1, rel=1e-5) and got.ce == pytest.approx(want.ce, rel=1e-5)
+    assert got.per_step_l1 == pytest.approx(want.per_step_l1, rel=1e-5)
 
 
 @pytest.mark.parametrize("input_norm", [False, True])

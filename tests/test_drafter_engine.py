@@ -222,7 +222,11 @@ def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, 
     rng = random.Random(5)
     ro = Rollouts([[1, 5, 6, 7]] * 3, [[rng.randrange(4, VOCAB) for _ in range(20)] for _ in range(3)], [1.0] * 3,
                   [0] * 3)
-    batch = make_batch(target, ro, [0, 1, 2], drafter.feature_layers, 4, 5, rng)
+
+    def batch_for(vocab):  # the same anchors, the target's distribution over ``vocab``
+        return make_batch(target, ro, [0, 1, 2], drafter.feature_layers, 4, 5, random.Random(6), vocab)
+
+    batch = batch_for(None)
     weights = (0.1, 0.9, 1.0) if rank else (1.0, 0.0, 0.0)
     full = drafter_loss(drafter, batch, 4, weights)
     base, hidden = drafter.forward_train(batch.features, batch.tokens, batch.anchors, 4)
@@ -236,13 +240,13 @@ def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, 
 
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
     drafter.draft_vocab = DraftVocab(ids, VOCAB)
-    shuffled = drafter_loss(drafter, batch, 4, weights)
+    shuffled = drafter_loss(drafter, batch_for(drafter.draft_vocab), 4, weights)
     assert shuffled.l1 == pytest.approx(full.l1, rel=1e-5) and shuffled.ce == pytest.approx(full.ce, rel=1e-5)
     assert float(shuffled.total.detach()) == pytest.approx(float(full.total.detach()), rel=1e-5)
 
     k = 40
     drafter.draft_vocab = DraftVocab(ids[:k], VOCAB)
-    sub = drafter_loss(drafter, batch, 4, weights)
+    sub = drafter_loss(drafter, batch_for(drafter.draft_vocab), 4, weights)
     outside = torch.ones(VOCAB, dtype=torch.bool)
     outside[ids[:k]] = False
     log_q = torch.log_softmax(logits.masked_fill(outside, float("-inf")), dim=-1)

@@ -1,6 +1,7 @@
 """Target rollouts: generation with the batched path, compact storage round-trip, prompt sampling."""
 
 import json
+import random
 
 import pytest
 import torch
@@ -159,9 +160,10 @@ def test_chat_rollouts_go_through_the_template_and_resume_exactly(chat_target, t
 def test_recorded_features_equal_a_forward_over_the_finished_rollouts(chat_target, tmp_path):
     """``--feature-layers``: the features, last-layer outputs and log-sum-exps recorded while generating (continuous
     batching, prefill rows mixed with decode rows) equal one target forward over each finished rollout."""
+    from dspark_kernels.drafters.draft_vocab import DraftVocab
     from dspark_kernels.models import load_model
     from dspark_kernels.train import rollouts
-    from dspark_kernels.train.drafter_data import forward_outputs, rollout_outputs, target_logits
+    from dspark_kernels.train.drafter_data import forward_outputs, make_batch, rollout_outputs, target_logits
 
     model_dir, prompts = chat_target
     rollouts.main(["--model", str(model_dir), "--prompts", str(prompts), "--num-prompts", "5", "--max-new-tokens",
@@ -184,6 +186,16 @@ def test_recorded_features_equal_a_forward_over_the_finished_rollouts(chat_targe
         assert bool(rec.logsumexp[: p - 1].isnan().all())
     out = rollout_outputs(target, ro, [0, 3], (0,))  # the batch a trainer builds reads the recorded rows
     assert torch.equal(out.features[0, : ro.features[0].features.shape[0]], ro.features[0].features.float())
+    # over a draft vocabulary the batch's target distribution takes the recorded log-sum-exp and K logits only: the
+    # same as reducing the whole logits of a forward
+    vocab = DraftVocab(torch.randperm(8192, generator=torch.Generator().manual_seed(0))[:300], 8192)
+    recorded = make_batch(target, ro, [0, 3, 4], (0,), 3, 2, random.Random(1), vocab)
+    forward = make_batch(target, load_rollout_dirs([tmp_path], "train"), [0, 3, 4], (0,), 3, 2, random.Random(1), vocab)
+    assert torch.equal(recorded.anchors, forward.anchors) and bool(recorded.valid.any())
+    assert recorded.target_logits.shape[-1] == 300 and bool(recorded.target_lse.isfinite().all())
+    valid = recorded.valid
+    torch.testing.assert_close(recorded.target_logits[valid], forward.target_logits[valid], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(recorded.target_lse[valid], forward.target_lse[valid], rtol=1e-4, atol=1e-4)
     with pytest.raises(SystemExit):  # a layer the target does not have
         rollouts.main(["--model", str(model_dir), "--prompts", str(prompts), "--num-prompts", "3",
                        "--feature-layers", "99", "--out", str(tmp_path / "bad")])

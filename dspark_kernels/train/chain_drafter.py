@@ -40,7 +40,7 @@ from .draft_vocab_loss import (
     check_draft_vocab_arguments,
     save_ranking,
 )
-from .drafter_data import TargetOutputs, rollout_outputs, target_logits
+from .drafter_data import TargetOutputs, rollout_outputs, target_distribution
 from .loop import add_optimiser_arguments, add_training_arguments, check_batch_size, run_training, training_main
 from .rollouts import Rollouts, load_rollout_dirs
 
@@ -82,10 +82,12 @@ def chain_loss(drafter: ChainDrafter, batch: TargetOutputs, steps: int, weights:
     labels = batch.tokens.gather(1, (t + 2).clamp(max=seq_len - 1))  # [B, P]
     tgt_rows = (t + 1).clamp(max=seq_len - 1)
     rows = batch.last_hidden.gather(1, tgt_rows[..., None].expand(-1, -1, batch.last_hidden.shape[-1]))
-    tgt = target_logits(drafter.target, rows)  # [B, P, V]
+    lse = None if batch.logsumexp is None else batch.logsumexp.gather(1, tgt_rows)
+    tgt, lse = target_distribution(drafter.target, rows, drafter.draft_vocab, lse)  # [B, P, V] or [B, P, K], [B, P]
     w = torch.exp(-(k.float() - 1) / decay)[None, :, None] * valid
     denom = w.sum().clamp_min(1e-8)
-    ce, l1, _ = ce_and_l1(logits, tgt[:, None], labels[:, None], drafter.draft_vocab)
+    ce, l1 = ce_and_l1(logits, tgt[:, None], labels[:, None], drafter.draft_vocab,
+                       None if lse is None else lse[:, None])
     total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
     with torch.no_grad():
         n_valid = valid.sum(dim=(0, 2)).clamp_min(1)

@@ -21,32 +21,39 @@ from ..cli_args import non_negative_int
 from ..drafters.draft_vocab import DraftVocab, load_token_ranking, save_token_ranking
 
 
-def ce_and_l1(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor,
-              vocab: DraftVocab | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ce_and_l1(logits: torch.Tensor, target_logits: torch.Tensor, labels: torch.Tensor, vocab: DraftVocab | None,
+              target_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-slot CE and L1 of draft logits against the target.
 
     Args:
         logits: ``[..., V]`` draft logits, or ``[..., K]`` over ``vocab``'s tokens in its rank order (differentiable).
-        target_logits: ``[..., V]`` the target's logits, broadcastable to ``logits``' leading dimensions.
+        target_logits: the target's logits, broadcastable to ``logits``' leading dimensions: ``[..., V]``, or with
+            ``vocab`` ``[..., K]`` over its tokens in rank order
+            (:func:`~dspark_kernels.train.drafter_data.target_distribution`).
         labels: ``[...]`` int64 target ids (the leading dimensions of ``logits``, or broadcastable to them).
         vocab: the draft vocabulary of ``logits``, or None.
+        target_lse: with ``vocab`` (required then): ``[...]`` the log-sum-exp of the target's logits over the whole
+            vocabulary, broadcastable like ``target_logits``' leading dimensions.
     Returns:
-        ``(ce [...], l1 [...], labelled [...] bool)``: the CE of each label (0 where ``labelled`` is False: a label
-        outside the draft vocabulary), and ``||p_d - p_t||_1`` over the whole vocabulary.
+        ``(ce [...], l1 [...])``: the CE of each label (0 for a label outside the draft vocabulary), and
+        ``||p_d - p_t||_1`` over the whole vocabulary.
     """
     log_pd = F.log_softmax(logits, dim=-1)
     if vocab is None:
         p_t = F.softmax(target_logits, dim=-1)
         local, outside = labels, None
     else:
-        p_t = (target_logits[..., vocab.ids] - target_logits.logsumexp(-1, keepdim=True)).exp()
+        if target_lse is None:
+            raise ValueError("ce_and_l1 over a draft vocabulary needs target_lse, the target's log-sum-exp over the "
+                             "whole vocabulary")
+        p_t = (target_logits - target_lse[..., None]).exp()
         local = vocab.local_of[labels]
         outside = (1 - p_t.sum(-1)).clamp_min(0)  # the target's mass the drafter cannot cover
     labelled = local < logits.shape[-1]
     local = local.clamp(max=logits.shape[-1] - 1).expand(log_pd.shape[:-1])
     ce = -log_pd.gather(-1, local[..., None]).squeeze(-1) * labelled
     l1 = (log_pd.exp() - p_t).abs().sum(-1)
-    return ce, l1 if outside is None else l1 + outside, labelled.expand(ce.shape)
+    return ce, l1 if outside is None else l1 + outside
 
 
 def add_draft_vocab_arguments(p: argparse.ArgumentParser) -> None:

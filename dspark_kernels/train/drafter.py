@@ -69,7 +69,7 @@ def drafter_loss(drafter: BlockDrafter, batch: DrafterBatch, gamma: int, weights
     logits, conf = logits.view(b, a, g, v), conf.view(b, a, g)
     w = torch.exp(-torch.arange(g, dtype=torch.float32) / decay)[None, None, :] * batch.valid
     denom = w.sum().clamp_min(1e-8)
-    ce, l1, _ = ce_and_l1(logits, batch.target_logits, batch.labels, vocab)
+    ce, l1 = ce_and_l1(logits, batch.target_logits, batch.labels, vocab, batch.target_lse)
     total = a_ce * (w * ce).sum() / denom + a_tv * (w * l1).sum() / denom
     conf_loss = torch.zeros(())
     if a_conf > 0:
@@ -99,7 +99,7 @@ def train(args: argparse.Namespace) -> dict:
     def loss_fn():
         gamma = rng.choice(args.gammas)
         batch = make_batch(target, rollouts, rng.sample(range(len(rollouts)), args.batch_size), cfg.feature_layers,
-                           gamma, args.anchors, rng)
+                           gamma, args.anchors, rng, drafter.draft_vocab)
         parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss])
         return parts.total, {"gamma": gamma, "ce": parts.ce, "l1": parts.l1, "conf": parts.conf}
 

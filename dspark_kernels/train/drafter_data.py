@@ -5,7 +5,9 @@ recorded while the rollouts were generated (:mod:`.rollout_generation`, ``--feat
 target compute at all) or from one ragged forward of the target over the sequences. Either way a batch holds, per
 position, the concatenated raw hidden states of the drafter's ``feature_layers`` and the raw output of the target's
 last decoder layer; the target's logits (its final norm and LM head over that output, :func:`target_logits`) are
-computed only at the positions a loss reads, not over the whole ``[B, L, V]``.
+computed only at the positions a loss reads, not over the whole ``[B, L, V]``. A drafter trained over a draft vocabulary
+of K tokens needs only their K logits and the whole vocabulary's log-sum-exp, which generation recorded
+(:func:`target_distribution`): its batches read V / K times fewer LM-head rows.
 
 Anchors are sampled uniformly without replacement among positions ``p`` with ``loss_mask[p] = loss_mask[p + 1] = 1``
 (response tokens), sorted; shortfalls are padding (``-1``). Block slot k (0-based) of anchor p is labelled with token
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters.draft_vocab import DraftVocab, draft_logits
 from ..models import CausalLM, forward_sequences
 from ..train.rollouts import Rollouts
 
@@ -30,7 +33,9 @@ class DrafterBatch:
     """Padded to ``L`` positions; ``A`` anchors per sequence; block size ``gamma``.
 
     features [B, L, m * hidden]; tokens [B, L]; anchors [B, A] (-1 = padding);
-    labels [B, A, gamma]; target_logits [B, A, gamma, V] fp32; valid [B, A, gamma] bool.
+    labels [B, A, gamma]; valid [B, A, gamma] bool; the target's distribution at every slot
+    (:func:`target_distribution`): target_logits [B, A, gamma, V] fp32 and target_lse None, or over a draft vocabulary
+    target_logits [B, A, gamma, K] and target_lse [B, A, gamma], the whole vocabulary's log-sum-exp.
     """
 
     features: torch.Tensor
@@ -39,24 +44,48 @@ class DrafterBatch:
     labels: torch.Tensor
     target_logits: torch.Tensor
     valid: torch.Tensor
+    target_lse: torch.Tensor | None = None
 
 
 @dataclass
 class TargetOutputs:
     """Padded to ``L`` (the longest sequence): features [B, L, m * hidden] and last_hidden [B, L, hidden] float32
-    (zeros past each sequence's recorded positions); tokens [B, L] int64; lens [B]; prompt_lens [B]."""
+    (zeros past each sequence's recorded positions); tokens [B, L] int64; lens [B]; prompt_lens [B]; logsumexp [B, L]
+    float32, the log-sum-exp of the target's logits at each position as recorded while generating (NaN where none
+    was: the prompt before its last token, padding), or None when the outputs come from a forward."""
 
     features: torch.Tensor
     last_hidden: torch.Tensor
     tokens: torch.Tensor
     lens: torch.Tensor
     prompt_lens: torch.Tensor
+    logsumexp: torch.Tensor | None = None
 
 
 @torch.no_grad()
 def target_logits(target: CausalLM, last_hidden: torch.Tensor) -> torch.Tensor:
     """The target's fp32 logits ``[..., V]`` from raw outputs of its last decoder layer ``[..., hidden]``."""
     return target.lm_head(target.model.norm(last_hidden.to(target.dtype))).float()
+
+
+def target_distribution(target: CausalLM, last_hidden: torch.Tensor, vocab: DraftVocab | None,
+                        logsumexp: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The target's distribution at raw last-layer outputs ``last_hidden [..., hidden]`` as the drafter losses read it
+    (:func:`~dspark_kernels.train.draft_vocab_loss.ce_and_l1`).
+
+    Without ``vocab``: ``(logits [..., V] fp32, None)``. With a draft vocabulary of K tokens: ``(logits [..., K]``
+    over its tokens in rank order, ``lse [...]`` the log-sum-exp over the whole vocabulary ``)``. Given the recorded
+    ``logsumexp [...]`` only the K rows of the LM head are evaluated, and the rows without a recorded value (NaN: the
+    prompt, padding; no loss reads them) take the K logits' own log-sum-exp so that every value stays finite; without
+    it the whole logits are computed and reduced.
+    """
+    if vocab is None:
+        return target_logits(target, last_hidden), None
+    if logsumexp is None:
+        full = target_logits(target, last_hidden)
+        return full[..., vocab.ids], full.logsumexp(-1)
+    part = draft_logits(vocab, target.lm_head, target.model.norm(last_hidden.to(target.dtype)))
+    return part, torch.where(logsumexp.isnan(), part.logsumexp(-1), logsumexp)
 
 
 def _padded(rows: Sequence[torch.Tensor], seq_len: int) -> torch.Tensor:
@@ -107,7 +136,12 @@ def rollout_outputs(target: CausalLM, rollouts: Rollouts, indices: Sequence[int]
     cols = torch.cat([torch.arange(stored.index(layer) * h, (stored.index(layer) + 1) * h) for layer in feature_layers])
     feats = [rollouts.features[i].features[:, cols] for i in indices]
     last = [rollouts.features[i].last_hidden for i in indices]
-    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens, lens, torch.tensor(prompt_lens))
+    lse = torch.full((len(indices), seq_len), float("nan"))
+    for row, i in enumerate(indices):
+        recorded = rollouts.features[i].logsumexp
+        lse[row, : recorded.shape[0]] = recorded
+    return TargetOutputs(_padded(feats, seq_len), _padded(last, seq_len), tokens, lens, torch.tensor(prompt_lens),
+                         lse)
 
 
 def sample_anchors(prompt_len: int, seq_len: int, num_anchors: int, rng: random.Random) -> list[int]:
@@ -118,7 +152,9 @@ def sample_anchors(prompt_len: int, seq_len: int, num_anchors: int, rng: random.
 
 
 def make_batch(target: CausalLM, rollouts: Rollouts, indices: list[int], feature_layers: tuple[int, ...],
-               gamma: int, num_anchors: int, rng: random.Random) -> DrafterBatch:
+               gamma: int, num_anchors: int, rng: random.Random, vocab: DraftVocab | None = None) -> DrafterBatch:
+    """The batch of rollouts ``indices`` with ``num_anchors`` blocks of ``gamma`` slots each (module docstring); the
+    target's distributions over ``vocab``'s tokens when the drafter trains over a draft vocabulary."""
     out = rollout_outputs(target, rollouts, indices, feature_layers)
     b, seq_len = out.tokens.shape
     anchors = torch.tensor(
@@ -131,6 +167,9 @@ def make_batch(target: CausalLM, rollouts: Rollouts, indices: list[int], feature
     valid = inside.long().cumprod(dim=2).bool()
     safe = label_pos.clamp(0, seq_len - 1)
     labels = out.tokens.gather(1, safe.view(b, -1)).view(b, num_anchors, gamma)
-    rows = (safe - 1).clamp(min=0).view(b, -1, 1).expand(-1, -1, out.last_hidden.shape[-1])
-    tgt = target_logits(target, out.last_hidden.gather(1, rows))
-    return DrafterBatch(out.features, out.tokens, anchors, labels, tgt.view(b, num_anchors, gamma, -1), valid)
+    rows = (safe - 1).clamp(min=0).view(b, -1)
+    lse = None if out.logsumexp is None else out.logsumexp.gather(1, rows)
+    tgt, lse = target_distribution(target, out.last_hidden.gather(1, rows[..., None].expand(
+        -1, -1, out.last_hidden.shape[-1])), vocab, lse)
+    return DrafterBatch(out.features, out.tokens, anchors, labels, tgt.view(b, num_anchors, gamma, -1), valid,
+                        None if lse is None else lse.view(b, num_anchors, gamma))
