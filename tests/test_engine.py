@@ -362,68 +362,6 @@ def test_probe_that_measures_a_slow_round_waits_the_longest_next():
     assert _probes(policy, range(10, 300)) == [9 + policy.GATE_PROBE_MAX]
 
 
-def test_timed_rounds_add_the_measured_overhead_to_the_step_tables():
-    """A timed round's wall time beyond its modelled ``1 / SPS(B) + D(R, w)`` is the overhead the step tables add
-    (running mean; the latest of any request count for a count not timed yet). It is taken up once it moved past the
-    tolerance, and held above ``-1 / (2 SPS(1))``."""
-    policy = make_policy("dspark")
-    profile = linear_profile(4 * (GAMMA + 1), 6.0)  # t(B) = 1 + B / 6 s
-    policy.bind(profile, GAMMA, 4, flat_profile(4, 2.0), flat_profile(4, 4.0))  # D(R, w) = 0.25 + (w - 1) / 12 s
-    assert policy.overhead(2) == 0.0 and policy.step_table(2, 0) is policy.sps_table
-    policy.observe_round(2, False, 1 + 2 / 6 + 0.5, tokens=2)  # a plain step of two requests, 0.5 s over
-    assert policy.overhead(2) == pytest.approx(0.5) and policy.overhead(3) == pytest.approx(0.5)
-    table = policy.step_table(2, 3)
-    b = torch.arange(1, table.numel())
-    torch.testing.assert_close(table[1:], 1 / (1 + b / 6 + 0.25 + 2 / 12 + 0.5), check_dtype=False)
-    policy.observe_round(2, True, 1 + 8 / 6 + 0.25 + 2 / 12 + 1.5, tokens=8, width=3)  # 1.5 s over: mean 0.7
-    assert policy.overhead(2) == pytest.approx(0.7) and policy.step_table(2, 3) is not table
-    policy.observe_round(2, False, 1 + 2 / 6 + 0.72, tokens=2)  # mean 0.704: within 2% of the round, kept at 0.7
-    assert policy.overhead(2) == pytest.approx(0.7)
-    policy.observe_round(1, False, 0.01, tokens=1)  # faster than the profile: held at -1 / (2 SPS(1))
-    assert policy.overhead(1) == pytest.approx(-0.5 * (1 + 1 / 6))
-    assert bool((policy.step_table(1, 0)[1:] > 0).all())
-    policy.observe_round(2, False, 5.0)  # without its tokens a round is not modelled: nothing kept
-    assert policy.overhead(2) == pytest.approx(0.7)
-
-
-def test_measured_overhead_makes_algorithm_1_verify_more():
-    """Verification's share of a round falls as the round's overhead grows: with a confidence of 0.2 at every
-    position, Algorithm 1 verifies nothing on the bare profile (each verified token costs 1/6 of a 1-token step) and
-    verifies once the engine measured 2 s of overhead a round."""
-    conf = torch.logit(torch.full((2, GAMMA), 0.2))
-    bare, timed = make_policy("dspark"), make_policy("dspark")
-    for policy in (bare, timed):
-        policy.bind(linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, 4)
-    timed.observe_round(2, False, 1 + 2 / 6 + 2.0, tokens=2)
-    assert bare.choose(conf, [0, 1], 0).tolist() == [0, 0]
-    assert timed.choose(conf, [0, 1], 0).tolist() == [1, 1]
-
-
-@pytest.mark.parametrize("policy_name", ["dspark", "fixed3"])
-def test_engine_reports_each_rounds_tokens_and_width(target, drafter, policy_name):  # noqa: F811
-    """With a clock the engine hands the policy each round's verified tokens (live requests plus verified drafts) and
-    drafted width, so the policy's overhead model reads the round it timed."""
-    seen, ticks = [], iter(range(10**6))
-    policy = make_policy(policy_name)
-    observe = policy.observe_round
-
-    def record(r, drafted, seconds, tokens=None, width=0):
-        seen.append((r, drafted, tokens, width))
-        observe(r, drafted, seconds, tokens, width)
-
-    policy.observe_round = record
-    eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=3, max_seq_len=64,
-                 clock=lambda: float(next(ticks)))
-    out = run_closed_loop(eng, SHORT_PROMPTS, 3, 10)
-    assert len(seen) == out["steps"]
-    m = eng.metrics()
-    assert sum(tokens for _, _, tokens, _ in seen) == m["rounds"] + sum(q["verified"] for q in m["requests"].values())
-    assert all(1 <= w <= GAMMA if d else w == 0 for _, d, _, w in seen)
-    if policy_name == "fixed3":
-        assert all(tokens == 4 * r and w == 3 for r, _, tokens, w in seen)
-    assert policy.overhead(3) != 0.0
-
-
 SHORT_PROMPTS = [[1, 5, 9, 13], [1, 40], [1, 7, 8]]  # at most gamma + 1 tokens: no drafter backlog at the first round
 
 
@@ -435,7 +373,7 @@ def test_engine_with_a_clock_times_every_round(target, drafter, prompts):  # noq
     for clock in ("ticks", None):
         seen, ticks = [], iter(range(10**6))
         policy = _DraftFrom(7, first=True)
-        policy.observe_round = lambda r, drafted, seconds, *_: seen.append((drafted, seconds))
+        policy.observe_round = lambda r, drafted, seconds: seen.append((drafted, seconds))
         eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=4,
                      max_seq_len=64, clock=None if clock is None else (lambda: float(next(ticks))))
         out = run_closed_loop(eng, prompts, 3, 12)
@@ -463,7 +401,7 @@ def test_backlog_goes_to_the_drafter_before_the_round_is_timed(target, drafter, 
 
     seen = []
     policy = make_policy("fixed3")
-    policy.observe_round = lambda r, drafted, seconds, *_: seen.append(seconds)
+    policy.observe_round = lambda r, drafted, seconds: seen.append(seconds)
     monkeypatch.setattr(drafter, "extend", slow_extend)
     eng = Engine(target, drafter, policy, linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, max_batch=1, max_seq_len=64,
                  clock=clock)

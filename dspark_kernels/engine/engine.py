@@ -146,19 +146,17 @@ class Engine:
     """Continuous batching over ``target`` + ``drafter`` with verify lengths from ``policy`` (see module docstring).
 
     ``sps_profile`` (the target's verify steps/s by token count), ``draft_profile`` (the drafter's rounds/s by
-    request count at ``gamma`` slots; optional, required by the gated policies) and ``narrow_draft_profile`` (the
-    same at one slot; optional, with ``draft_profile``: the draft cost then follows the width) are bound to the
-    policy: see :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round
-    is taken as free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to
-    ``max_seq_len`` tokens (prompt + new tokens + gamma + 1) each. ``clock`` (e.g. ``time.perf_counter``): time
-    every round and report it, with its verified tokens and drafted width, to the policy (``Policy.observe_round``:
-    the cost model then adds the measured overhead of a round to its profiles, and the draft gate decides on
-    measured round times). The times are those of steady drafting: a drafting round whose requests hold more than
-    ``gamma + 1`` pending context tokens (a new prompt, or context deferred over plain steps) gives them to the
-    drafter in a call of their own before the round's clock starts (a drafted round right after a plain step costs
-    what one after a drafted round costs: measured at R = 1, 2, 4 and 8 on this repository's CPU, medians within
-    2.5%). ``None`` (default): no timing, so every decision depends only on the profiles and earlier rounds' drafts
-    (reproducible).
+    request count at ``gamma`` slots; optional, required by the gated policies) and ``narrow_draft_profile`` (the same
+    at one slot; optional, with ``draft_profile``: the draft cost then follows the width) are bound to the policy: see
+    :mod:`~dspark_kernels.engine.policies` for the cost model. Without a draft profile the draft round is taken as
+    free, or as already inside ``sps_profile``. The KV pools hold ``max_batch`` requests of up to ``max_seq_len``
+    tokens (prompt + new tokens + gamma + 1) each. ``clock`` (e.g. ``time.perf_counter``): time every round and
+    report it to the policy (``Policy.observe_round``; the draft gate then decides on measured round times). The times
+    are those of steady drafting: a drafting round whose requests hold more than ``gamma + 1`` pending context tokens
+    (a new prompt, or context deferred over plain steps) gives them to the drafter in a call of their own before the
+    round's clock starts (a drafted round right after a plain step costs what one after a drafted round costs:
+    measured at R = 1, 2, 4 and 8 on this repository's CPU, medians within 2.5%). ``None`` (default): no timing, so
+    every decision depends only on the profiles and earlier rounds' drafts (reproducible).
     """
 
     def __init__(self, target: CausalLM, drafter: Drafter, policy: Policy, sps_profile: SPSProfile, gamma: int,
@@ -430,7 +428,7 @@ class Engine:
         self.round_s += seconds
         finished = self._finish(live, time.perf_counter())
         if self.clock is not None:
-            self._scheduled(self.policy.observe_round, r, drafting, seconds, r + int(lens.sum()), width)
+            self._scheduled(self.policy.observe_round, r, drafting, seconds)
         self.live = [i for i in live if i not in finished]
         self._stream(live)
         return finished

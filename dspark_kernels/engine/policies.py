@@ -32,25 +32,17 @@ drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when o
 drafter's held-out mean survival from its calibration), else from the first round, which then drafts to measure it.
 While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
 after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best
-outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the next
-round gets: a probe costs a losing round and the backlog's intake, and one that cannot change the decision is not worth
-them); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
-(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time (``policy.observe_round``); once it has
-timed both a drafted round and a plain step at the live request count (running means), the gate compares their measured
-times with the expected tokens from the running mean survival instead of the modelled rates, because the profiles leave
-out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target forward evicted). The
-engine keeps the committed tokens for the drafter's context until the next drafting round takes them in, so a closed
-gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the gate stays open; where
-drafting costs about a decode step (this repository's CPU) it is what keeps speculation from falling below plain
-decoding.
-
-The engine's clock also corrects the cost model itself: each timed round's wall time minus its modelled time ``1 /
-SPS(B) + D(R, w)`` (B the round's verified tokens, w its drafted width, 0 for a plain step) is the engine's *overhead*
-at R live requests (:meth:`Policy.overhead`, a running mean; the latest of any R for an R not timed yet), and every step
-table adds it to its rounds (:meth:`Policy.step_table`). It holds what the profiles leave out: the sampling and
-bookkeeping of a round, and attention over R requests' contexts (the target's profile times one request verifying B
-tokens). Without it the model misses the engine's cost per round where that grows with R, so it rates verification above
-its share of the round and Algorithm 1 verifies too little (docs/results.md, *Cost model, draft width and the gate*).
+outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the
+next round gets: a probe costs a losing round and the backlog's intake, and one that cannot change the decision is
+not worth them); the first measurement (the prior, or the first round) counts as a probe. An engine built with a clock
+(``Engine(..., clock=time.perf_counter)``) also reports every round's wall time (``policy.observe_round``); once it
+has timed both a drafted round and a plain step at the live request count (running means), the gate compares their
+measured times with the expected tokens from the running mean survival instead of the modelled rates, because the
+profiles leave out the engine's own work around a round (sampling, bookkeeping, a drafter whose caches the target
+forward evicted). The engine keeps the committed tokens for the drafter's context until the next drafting round takes
+them in, so a closed gate costs no drafter work at all. On a GPU the draft round is a few percent of a step and the
+gate stays open; where drafting costs about a decode step (this repository's CPU) it is what keeps speculation from
+falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
 ``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
@@ -150,9 +142,6 @@ class Policy:
         self.narrow_draft_table = tables[2][1] if narrow_draft_profile is not None else None
         self._step_tables: dict[tuple[int, int], torch.Tensor] = {}
         self._step_lists: dict[tuple[int, int], list[float]] = {}
-        self._overhead_mean: dict[int, float] = {}  # running mean of the measured overhead by live request count
-        self._overhead: dict[int, float] = {}  # the overhead the step tables use (moves past the tolerance only)
-        self._last_overhead = 0.0
 
     def draft_seconds(self, r: int, width: int) -> float:
         """Modelled seconds of a draft round of ``r`` requests at ``width`` slots (``D(r, w)``, module docstring; 0
@@ -165,23 +154,15 @@ class Policy:
         narrow = 1.0 / float(self.narrow_draft_table[r])
         return narrow + (width - 1) / (self.gamma - 1) * (full - narrow)
 
-    def overhead(self, r: int) -> float:
-        """Seconds a round of ``r`` live requests takes beyond its modelled ``1 / SPS(B) + D(r, w)``, measured by an
-        engine with a clock (:meth:`observe_round`; module docstring); while ``r`` has no timed round, the latest
-        value of any request count; 0 before any timed round."""
-        return self._overhead.get(r, self._last_overhead)
-
     def step_table(self, r: int, width: int | None = None) -> torch.Tensor:
         """Rounds/s of ``r`` requests by verified tokens B (index B) when the round drafted ``width`` slots (None:
-        gamma; 0: a plain step): ``1 / (1 / SPS(B) + D(r, width) + overhead(r))``; the SPS table itself without a
-        draft profile or at width 0, while there is no overhead."""
+        gamma; 0: a plain step): ``1 / (1 / SPS(B) + D(r, width))``; the SPS table itself without a draft profile."""
         width = self.gamma if width is None else width
-        extra = self.overhead(r)
-        if (self.draft_table is None or width == 0) and extra == 0.0:
+        if self.draft_table is None or width == 0:
             return self.sps_table
         table = self._step_tables.get((r, width))
         if table is None:
-            table = self._step_tables[r, width] = 1.0 / (1.0 / self.sps_table + self.draft_seconds(r, width) + extra)
+            table = self._step_tables[r, width] = 1.0 / (1.0 / self.sps_table + self.draft_seconds(r, width))
         return table
 
     def step_rates(self, r: int, width: int | None = None) -> list[float]:
@@ -219,30 +200,9 @@ class Policy:
     def observe(self, accepted: torch.Tensor, verify_lens: torch.Tensor) -> None:
         """Feed back the round's accepted drafts ``[R]`` for the verify lengths ``[R]`` (no-op by default)."""
 
-    OVERHEAD_EMA = 0.2  # weight of the newest timed round in the running mean overhead
-    OVERHEAD_TOLERANCE = 0.02  # the step tables take a new overhead once it moved by this share of a round's time
-
-    def observe_round(self, r: int, drafted: bool, seconds: float, tokens: int | None = None,
-                      width: int = 0) -> None:
-        """Feed back a round's wall time with ``r`` live requests, drafted (at ``width`` slots) or a plain step, from
-        an engine with a clock. With the round's verified ``tokens`` B (``r`` plus the verified drafts) the running
-        mean of :meth:`overhead` takes ``seconds - 1 / SPS(B) - D(r, width)`` in, held at or above ``-1 / (2
-        SPS(1))`` so that every modelled round keeps a positive time; the step tables follow it once it moved by
-        more than ``OVERHEAD_TOLERANCE`` of the round's time (each move drops the cached tables)."""
-        if tokens is None or seconds <= 0:
-            return
-        modelled = 1.0 / float(self.sps_table[tokens]) + self.draft_seconds(r, width if drafted else 0)
-        extra = max(seconds - modelled, -0.5 / float(self.sps_table[1]))
-        old = self._overhead_mean.get(r)
-        mean = self._overhead_mean[r] = extra if old is None else \
-            (1 - self.OVERHEAD_EMA) * old + self.OVERHEAD_EMA * extra
-        if r not in self._overhead or abs(mean - self._overhead[r]) > self.OVERHEAD_TOLERANCE * seconds:
-            self._overhead[r] = self._last_overhead = mean
-            self._step_tables, self._step_lists = {}, {}
-            self._tables_moved()
-
-    def _tables_moved(self) -> None:
-        """The step tables changed (a new overhead): drop what a policy derived from them (no-op by default)."""
+    def observe_round(self, r: int, drafted: bool, seconds: float) -> None:
+        """Feed back a round's wall time with ``r`` live requests, drafted or a plain step (from an engine with a
+        clock; no-op by default)."""
 
 
 def _device(conf_logits: torch.Tensor | None) -> torch.device:
@@ -345,11 +305,7 @@ class _Confident(Policy):
                                                          min_length=1)[0]
         return width
 
-    def _tables_moved(self):
-        self._gains, self._widths = {}, {}
-
-    def observe_round(self, r, drafted, seconds, tokens=None, width=0):
-        super().observe_round(r, drafted, seconds, tokens, width)
+    def observe_round(self, r, drafted, seconds):
         if not self.gate or seconds <= 0:
             return
         old = self._seconds.get((r, drafted))
@@ -506,7 +462,7 @@ class SmartSpec(Policy):
         self._alpha_dev: torch.Tensor | None = None
 
     def _decide(self, r: int) -> int:
-        best_k, best = 0, self.prior * r * float(self.step_table(r, 0)[r])  # k = 0: a plain step
+        best_k, best = 0, self.prior * r * float(self.sps_table[r])  # k = 0: a plain step
         for k in range(1, self.gamma + 1):
             table = self.step_table(r, k)  # a round that drafts k slots
             if r * (1 + k) > table.numel() - 1:
