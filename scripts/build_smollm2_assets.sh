@@ -72,8 +72,8 @@ python -m dspark_kernels.train.rollouts --model $MODEL --prompts data/prompts --
 common=(--target $MODEL --rollouts $RO --steps "$MORE_STEPS" --batch-size 8 --resume --draft-vocab 8192
         --token-ranking $OUT/dspark --seed 3)
 OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.drafter --name dspark --out $OUT/dspark \
-    --work-dir data/drafter_runs/$MODEL/dspark-more "${common[@]}" --feature-layers $LAYERS --layers 2 \
-    --gammas 7 15 --anchors 16 --head vanilla --rank 64 --init $OUT/dspark > data/logs/train_dspark-more.log 2>&1 &
+    --work-dir data/drafter_runs/$MODEL/dspark-more "${common[@]}" "${block[@]}" --anchors 16 --head vanilla \
+    --rank 64 --init $OUT/dspark > data/logs/train_dspark-more.log 2>&1 &
 OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.chain_drafter --name mtp1 --out $OUT/mtp1 \
     --work-dir data/drafter_runs/$MODEL/mtp1-more "${common[@]}" --feature-layer 28 --positions 64 --input-norm \
     --init $OUT/mtp1 > data/logs/train_mtp1-more.log 2>&1 &
