@@ -237,6 +237,11 @@ def test_draft_vocab_loss_is_the_loss_of_the_drafted_distribution(target, kind, 
     logits = logits.view(b, a, g, v).detach()
     w = torch.exp(-torch.arange(g, dtype=torch.float32) / 4.0) * batch.valid
     p_t = torch.softmax(batch.target_logits, dim=-1)
+    l1_full = (torch.softmax(logits, dim=-1) - p_t).abs().sum(-1)
+    for decay in (4.0, 0.5):  # the slots' weights follow --slot-decay
+        w_d = torch.exp(-torch.arange(g, dtype=torch.float32) / decay) * batch.valid
+        expected = float((w_d * l1_full).sum() / w_d.sum())
+        assert drafter_loss(drafter, batch, 4, weights, decay).l1 == pytest.approx(expected, rel=1e-5)
 
     ids = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
     drafter.draft_vocab = DraftVocab(ids, VOCAB)

@@ -1,7 +1,8 @@
 """Train a block drafter (DSpark with a vanilla/gated/rnn head, or DFlash with rank 0) on target rollouts.
 
 Loss (paper §5): ``L = a_ce * CE + a_tv * L1 + a_conf * BCE``, every term weighted per slot by
-``w_k = exp(-(k - 1) / decay)`` (decay 4) and normalised by the sum of weights over valid slots:
+``w_k = exp(-(k - 1) / decay)`` (``--slot-decay``, 4 by default as in the paper's configs; a smaller decay puts more
+of the loss on the first slots) and normalised by the sum of weights over valid slots:
 * CE: cross-entropy of the Markov-corrected draft logits against the rollout token;
 * L1: ``||p_d - p_t||_1`` between the draft and target softmaxes at temperature 1 (twice the TV distance);
 * BCE: confidence logits against the detached analytic acceptance ``clamp(1 - L1 / 2, 0, 1)``.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..cli_args import non_negative_int, positive_int
+from ..cli_args import non_negative_int, positive_float, positive_int
 from ..drafters.block_drafter import BlockDrafter, DrafterConfig
 from ..models import load_model
 from .draft_vocab_loss import (
@@ -100,7 +101,7 @@ def train(args: argparse.Namespace) -> dict:
         gamma = rng.choice(args.gammas)
         batch = make_batch(target, rollouts, rng.sample(range(len(rollouts)), args.batch_size), cfg.feature_layers,
                            gamma, args.anchors, rng, drafter.draft_vocab)
-        parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss])
+        parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss], args.slot_decay)
         return parts.total, {"gamma": gamma, "ce": parts.ce, "l1": parts.l1, "conf": parts.conf}
 
     summary = run_training(drafter, args, rng, loss_fn)
@@ -125,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="token id whose embedding fills the block's masked slots")
     p.add_argument("--gammas", type=positive_int, nargs="+", default=[7, 15],
                    help="block sizes, one drawn per step (one checkpoint serves them all)")
+    p.add_argument("--slot-decay", type=positive_float, default=4.0,
+                   help="decay of the per-slot loss weights exp(-(k - 1) / decay) along the block")
     add_training_arguments(p)
     p.add_argument("--anchors", type=positive_int, default=32,
                    help="blocks (anchor positions) per rollout per step")
