@@ -15,7 +15,14 @@ import torch
 
 from dspark_kernels.drafters import DraftOutput, NullDrafter
 from dspark_kernels.engine.engine import Engine, run_closed_loop
-from dspark_kernels.engine.policies import POLICY_NAMES, FixedK, best_common_length, drafting_gain, make_policy
+from dspark_kernels.engine.policies import (
+    POLICY_NAMES,
+    FixedK,
+    algorithm1_at_mean,
+    best_common_length,
+    drafting_gain,
+    make_policy,
+)
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
 from dspark_kernels.engine.sps import SPSProfile, profile_drafter, read_profile
@@ -177,15 +184,15 @@ def test_draft_widths_follow_each_policy():
     assert alg1.draft_width([0, 1], 0) == GAMMA  # nothing chosen yet
     # SPS(B) = 1 / (1 + B / 6) and drafting free: two requests at mean survival 0.5, 0.1, 0.05, 0 expect 3 / (5/3) =
     # 1.8, 3.2 / 2 = 1.6, 3.3 / (7/3) = 1.41 tokens per unit time verifying 1, 2, 3 drafts each: one slot
-    alg1._mean_survival, alg1._widths = [0.5, 0.1, 0.05, 0.0], {}
+    alg1._mean_survival, alg1._plans = [0.5, 0.1, 0.05, 0.0], {}
     assert alg1.draft_width([0, 1], 1) == 1
     # 0.95, 0.9, 0.85, 0.8: 2.34, 2.85, 3.17, 3.38 for two requests: all four slots
-    alg1._mean_survival, alg1._widths = [0.95, 0.9, 0.85, 0.8], {}
+    alg1._mean_survival, alg1._plans = [0.95, 0.9, 0.85, 0.8], {}
     assert alg1.draft_width([0, 1], 2) == 4
-    alg1._mean_survival, alg1._widths = [0.05, 0.0, 0.0, 0.0], {}  # a plain step would be best: still one slot
+    alg1._mean_survival, alg1._plans = [0.05, 0.0, 0.0, 0.0], {}  # a plain step would be best: still one slot
     assert alg1.draft_width([0, 1], 3) == 1
     alg1._remember(torch.full((2 * GAMMA,), 0.9), 2, GAMMA, 4)  # a drafted round moves the mean: widths recomputed
-    assert alg1._widths == {} and alg1.draft_width([0, 1], 5) > 1
+    assert alg1._plans == {} and alg1.draft_width([0, 1], 5) > 1
     threshold = make_policy("threshold0.5")
     threshold.bind(profile, GAMMA, 4)
     threshold.choose(torch.full((2, GAMMA), -5.0), [0, 1], 0)
@@ -246,6 +253,48 @@ def test_drafting_gain_hand_cases():
     # the best common length itself, plain steps included: k = 0 (2 * 10 = 20) beats k = 1 (2 * 1.1 * 7 = 15.4)
     assert best_common_length([0.1, 0.0], 2, rate) == (0, pytest.approx(20.0))
     assert best_common_length([0.1, 0.0], 2, rate, min_length=1) == (1, pytest.approx(15.4))
+
+
+def test_algorithm1_at_mean_is_the_op_on_equal_requests():
+    """On requests that all have one prefix survival, the scan stops where the op (select_verify_lengths_alg1) does:
+    the same expected tokens and rate, on smooth, flat and staircase tables."""
+    from dspark_kernels.ops.survival import select_verify_lengths_alg1
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        r, w = int(torch.randint(1, 7, (1,), generator=gen)), int(torch.randint(1, 6, (1,), generator=gen))
+        mean = torch.rand(w, generator=gen).sort(descending=True).values.cumprod(0)
+        if trial % 4 == 0:
+            mean[-1] = 0.0  # a zero survival ends the scan
+        n = r * (w + 1) + 3
+        times = 1 + (torch.rand(n, generator=gen) * [0.02, 0.3, 0.0, 0.05][trial % 4]).cumsum(0)  # 0: flat
+        if trial % 4 == 3:  # a staircase: rounds cost the same up to the end of each step of 4 tokens
+            times = times[(torch.arange(n) // 4 * 4 + 3).clamp(max=n - 1)]
+        table = torch.cat([1 / times[:1], 1 / times])  # index B = 1..n; entry 0 repeats entry 1
+        a = mean.repeat(r)
+        cu = torch.arange(0, (r + 1) * w, w, dtype=torch.int32)
+        lens = select_verify_lengths_alg1(a, cu, table).long()
+        tokens = r + sum(float(mean[:k].sum()) for k in lens.tolist())
+        got_tokens, got_rate = algorithm1_at_mean(mean.tolist(), r, table.tolist())
+        assert got_tokens == pytest.approx(tokens, rel=1e-5), trial
+        assert got_rate == pytest.approx(tokens * float(table[r + int(lens.sum())]), rel=1e-5), trial
+
+
+def test_algorithm1_plans_for_its_early_stop_on_a_staircase():
+    """Two requests, first drafts surviving 0.9, on a staircase: the third verified token costs the whole next step
+    (10 -> 6 rounds/s), the fourth is then free. A common length of 1 pays (2 * 1.9 * 6 = 22.8 tokens/s against 20),
+    but Algorithm 1 stops at the third token (2.9 * 6 = 17.4 < 20) and verifies nothing: its gate stays closed,
+    the production variant's opens."""
+    rates = (10.0, 10.0) + (6.0,) * (2 * (GAMMA + 1) - 2)
+    steps = SPSProfile("test", "tiny-stairs", tuple(range(1, len(rates) + 1)), (rates,), source="modelled")
+    mean = [0.9] + [0.0] * (GAMMA - 1)
+    assert algorithm1_at_mean(mean, 2, [rates[0], *rates]) == (pytest.approx(2.0), pytest.approx(20.0))
+    assert drafting_gain(mean, 2, lambda k: [rates[0], *rates]) == pytest.approx(22.8 / 20)
+    for name, drafts in (("dspark+gate", False), ("dspark_prod+gate", True)):
+        policy = make_policy(name, prior_survival=mean)
+        policy.bind(steps, GAMMA, 2, flat_profile(2, 1e9))
+        assert policy.drafts([0, 1], 0) is drafts, name
+        assert policy.draft_width([0, 1], 0) == 1
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -20,16 +20,20 @@ Before drafting, the engine asks ``policy.drafts(live, step)``; when it says no,
 draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_width(live, step)`` says how many slots
 (1..gamma) the drafter fills for every live request, and ``choose`` gets ``conf_logits [R, width]``: a fixed-k policy
 drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
-and Algorithm 1 and the production variant the common drafting length that the cost model rates best at the running mean
-of their calibrated survival (:func:`best_common_length`; the first round drafts ``gamma`` unless a prior gives the
-mean), within which Algorithm 1 shares the verify budget out per request. Each round's choice reads its drafted width's
-cost (the slots are drafted by then); the width is where the draft's cost is decided (a draft slot of one request costs
-0.19 ms on this repository's CPU, a verified token 0.05 ms). The width depends on earlier rounds only. The threshold
-rule drafts ``gamma``: it stays a per-request policy. The gated DSpark policies (``dspark+gate``, ``dspark_prod+gate``)
-draft only when drafting is expected to pay: the round's rate with the draft round of the live requests included against
-the target's plain rate, with the expected accepted length from the running mean of the calibrated survival of earlier
-drafted rounds (:func:`drafting_gain` > 1). That mean starts from a prior when one is given (``prior_survival``: the
-drafter's held-out mean survival from its calibration), else from the first round, which then drafts to measure it.
+and the DSpark policies a width planned at the running mean of their calibrated survival (the first round drafts
+``gamma`` unless a prior gives the mean): the production variant the common drafting length that the cost model rates
+best (:func:`best_common_length`), Algorithm 1 the width at which its own scan, run on live requests that all have the
+mean survival, expects the most tokens/s (:func:`algorithm1_at_mean`; its early stop may refuse the first token past
+a step of a staircase profile, which a common length would not see), within which it shares the verify budget out per
+request. Each round's choice reads its drafted width's cost (the slots are drafted by then); the width is where the
+draft's cost is decided (a draft slot of one request costs 0.19 ms on this repository's CPU, a verified token 0.05 ms).
+The width depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated
+DSpark policies (``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate
+with the draft round of the live requests included against the target's plain rate, with the expected accepted length
+from the running mean of the calibrated survival of earlier drafted rounds at the width they plan (:func:`drafting_gain`
+> 1; for Algorithm 1 the rate where its scan stops). That mean starts from a prior when one is given
+(``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first round, which then
+drafts to measure it.
 While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
 after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best
 outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the
@@ -73,7 +77,8 @@ if TYPE_CHECKING:  # annotations only: importing the package must not import sps
     from .sps import SPSProfile
 
 __all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "PolicyError", "SmartSpec", "Threshold",
-           "best_common_length", "drafting_gain", "make_policy", "GATED_POLICY_NAMES", "POLICY_NAMES"]
+           "algorithm1_at_mean", "best_common_length", "drafting_gain", "make_policy", "GATED_POLICY_NAMES",
+           "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
@@ -104,6 +109,27 @@ def drafting_gain(mean_survival: Sequence[float], r: int, rate: Callable[[int], 
     """How much faster drafting is expected to be than a plain decode step for ``r`` requests (> 1: it pays): the best
     rate of :func:`best_common_length` over drafting lengths ``k >= 1``, over the plain step's ``r * rate(0)[r]``."""
     return best_common_length(mean_survival, r, rate, min_length=1)[1] / (r * float(rate(0)[r]))
+
+
+def algorithm1_at_mean(mean_survival: Sequence[float], r: int, rates: Sequence[float]) -> tuple[float, float]:
+    """Algorithm 1's scan for ``r`` requests whose drafts all have the prefix survival ``mean_survival [w]``: the
+    expected tokens of the round (``r`` plus the admitted survivals) where it stops, and its tokens/s there
+    (``tokens * rates[B]``, ``rates`` the rounds/s by verified tokens B). Equal requests' candidates rank position by
+    position, so the scan admits whole positions and then part of one; like the op it stops at the first candidate
+    that does not raise the rate, at a zero survival, or where B passes the table. On a staircase profile (a bf16
+    GEMM's 16-row tiles) that can be the first candidate past a step, however much the step's other rows would pay:
+    the common length of :func:`best_common_length` does not see that stop."""
+    b, tokens = r, float(r)
+    best = tokens * float(rates[b])
+    for a in mean_survival:
+        for _ in range(r):
+            if a <= 0 or b + 1 > len(rates) - 1:
+                return tokens, best
+            rate = (tokens + a) * float(rates[b + 1])
+            if rate <= best:
+                return tokens, best
+            b, tokens, best = b + 1, tokens + a, rate
+    return tokens, best
 
 
 class PolicyError(ValueError):
@@ -275,9 +301,8 @@ class _Confident(Policy):
         self._last_drafted = 0
         self._probe_wait: int | None = None  # steps from the last drafted round to the next probe (None: not yet set)
         self._probed = False  # the last drafted round was a probe whose outcome has not set the next wait yet
-        self._gains: dict[int, float] = {}  # modelled gain by live request count, for the current mean
         self._seconds: dict[tuple[int, bool], float] = {}  # measured seconds per round by (live requests, drafted)
-        self._widths: dict[int, int] = {}  # draft width by live request count, for the current mean
+        self._plans: dict[int, tuple[int, float, float]] = {}  # :meth:`_plan` by live request count, current mean
 
     def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile, narrow_draft_profile)
@@ -290,20 +315,32 @@ class _Confident(Policy):
         if self.gate and draft_profile is None:
             raise ValueError(f"policy {self.name!r} needs the drafter's draft-round profile "
                              "(Engine(draft_profile=...)) to know what a draft round costs")
-        self._gains, self._seconds, self._widths = {}, {}, {}
+        self._seconds, self._plans = {}, {}
 
     def draft_width(self, live, step):
-        """The drafting length (1..gamma) that :func:`best_common_length` rates best for the live requests at the
-        running mean survival (a length k drafts k slots); ``gamma`` while there is no mean (no prior, no round)."""
+        """The drafting length (1..gamma) of :meth:`_plan` for the live requests at the running mean survival;
+        ``gamma`` while there is no mean (no prior, no round)."""
         return self.gamma if self._mean_survival is None else self._width_for(len(live))
 
+    def _plan(self, r: int, mean_survival: Sequence[float]) -> tuple[int, float, float]:
+        """What a drafting round of ``r`` live requests is expected to do when every request's drafts survive as
+        ``mean_survival``: its draft width (1..gamma), the tokens a request emits, and the modelled gain over a plain
+        step. Here the common length :func:`best_common_length` rates best (the production variant verifies about
+        as many tokens as that length's rate pays for) and :func:`drafting_gain`."""
+        rate = lambda k: self.step_rates(r, k)  # noqa: E731
+        k = best_common_length(mean_survival, r, rate, min_length=1)[0]
+        return k, 1.0 + sum(mean_survival[:k]), drafting_gain(mean_survival, r, rate)
+
+    def _current_plan(self, r: int) -> tuple[int, float, float]:
+        """:meth:`_plan` at the running mean survival (kept until the mean moves)."""
+        plan = self._plans.get(r)
+        if plan is None:
+            plan = self._plans[r] = self._plan(r, self._mean_survival)
+        return plan
+
     def _width_for(self, r: int) -> int:
-        """:meth:`draft_width` for ``r`` live requests (kept until the running mean moves)."""
-        width = self._widths.get(r)
-        if width is None:
-            width = self._widths[r] = best_common_length(self._mean_survival, r, lambda k: self.step_rates(r, k),
-                                                         min_length=1)[0]
-        return width
+        """:meth:`draft_width` for ``r`` live requests."""
+        return self._current_plan(r)[0]
 
     def observe_round(self, r, drafted, seconds):
         if not self.gate or seconds <= 0:
@@ -314,23 +351,19 @@ class _Confident(Policy):
 
     def gain(self, r: int) -> float:
         """Expected tokens/s of drafting over a plain step's with ``r`` live requests at the running mean survival
-        (:meth:`_gain_at`; the modelled gain is kept until the mean moves)."""
-        if (r, True) in self._seconds and (r, False) in self._seconds:
-            return self._gain_at(r, self._mean_survival)
-        modelled = self._gains.get(r)
-        if modelled is None:
-            modelled = self._gains[r] = self._gain_at(r, self._mean_survival)
-        return modelled
+        (:meth:`_gain_at`)."""
+        return self._gain_at(r, self._mean_survival)
 
     def _gain_at(self, r: int, mean_survival: Sequence[float]) -> float:
         """:meth:`gain` at ``mean_survival``. Once both a drafted round and a plain step of ``r`` requests have been
-        timed (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the expected tokens per request ``1 +
-        sum_{j <= w} a_j`` at the width ``w`` the policy drafts for ``r`` (a round's time varies little, its emitted
-        tokens a lot: a few unlucky rounds must not close the gate); until then modelled (:func:`drafting_gain`)."""
+        timed (:meth:`observe_round`): ``E[tokens] * t_plain / t_drafted``, with the tokens a request is expected to
+        emit from :meth:`_plan` (a round's time varies little, its emitted tokens a lot: a few unlucky rounds must
+        not close the gate); until then the plan's modelled gain."""
+        plan = self._current_plan(r) if mean_survival is self._mean_survival else self._plan(r, mean_survival)
         drafted, plain = self._seconds.get((r, True)), self._seconds.get((r, False))
         if drafted is not None and plain is not None:
-            return (1.0 + sum(mean_survival[: self._width_for(r)])) * plain / drafted
-        return drafting_gain(mean_survival, r, lambda k: self.step_rates(r, k))
+            return plan[1] * plain / drafted
+        return plan[2]
 
     def _best_gain_after_probe(self, r: int) -> float:
         """:meth:`gain` with the next drafted round's best outcome folded in: survival 1 at every position, at the
@@ -383,7 +416,7 @@ class _Confident(Policy):
         self._drafted_rounds += 1
         old = self._mean_survival or mean + [0.0] * (self.gamma - width)
         self._mean_survival = [(1 - w) * o + w * m for o, m in zip(old, mean)] + old[width:]
-        self._gains, self._widths = {}, {}
+        self._plans = {}
         self._last_drafted = step
 
     def _next_weight(self) -> float:
@@ -412,6 +445,17 @@ class DSpark(_Confident):
     """B7: Algorithm 1 (greedy with early stop) on the calibrated prefix survival and the SPS table."""
 
     name = "dspark"
+
+    def _plan(self, r, mean_survival):
+        """The width whose Algorithm 1 scan (:func:`algorithm1_at_mean`) expects the most tokens/s, so that the
+        width rule and the gate plan for what :meth:`choose` will verify (ties: the narrower width)."""
+        plain = r * float(self.step_rates(r, 0)[r])
+        best = (1, 1.0, 0.0)
+        for w in range(1, len(mean_survival) + 1):
+            tokens, rate = algorithm1_at_mean(mean_survival[:w], r, self.step_rates(r, w))
+            if rate > best[2]:
+                best = (w, tokens / r, rate)
+        return best[0], best[1], best[2] / plain
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
