@@ -29,9 +29,12 @@ def target(tmp_path_factory):
 
 
 def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1):
+    """``kind`` is a head kind, or ``ANCHOR``: the vanilla head with the anchor-feature path."""
     torch.manual_seed(seed)
+    head, _, path = kind.partition("+")
     cfg = DrafterConfig(feature_layers=(0, 2), mask_token_id=MASK, vocab_size=VOCAB, hidden_size=64,
-                        num_layers=layers, gamma=7, head_kind=kind if rank else "none", markov_rank=rank)
+                        num_layers=layers, gamma=7, head_kind=head if rank else "none", markov_rank=rank,
+                        anchor_feature=path == "anchor")
     drafter = BlockDrafter(cfg, target)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -39,7 +42,8 @@ def make_drafter(target, kind="vanilla", rank=8, layers=2, seed=1):
     return drafter.eval()
 
 
-KINDS = [("vanilla", 8), ("gated", 8), ("rnn", 8), ("none", 0)]
+ANCHOR = "vanilla+anchor"
+KINDS = [("vanilla", 8), ("gated", 8), ("rnn", 8), ("none", 0), (ANCHOR, 8)]
 ROLLOUT_PROMPTS = [[1, random.Random(i).randrange(4, VOCAB), random.Random(i + 99).randrange(4, VOCAB)]
                    for i in range(64)]
 
@@ -88,10 +92,12 @@ def test_training_forward_matches_inference(target, kind, rank):
 
 
 @pytest.mark.parametrize("impl", ["torch", "triton"])
-def test_propose_takes_context_in_its_pass(target, impl):
+@pytest.mark.parametrize("kind", ["vanilla", ANCHOR])
+def test_propose_takes_context_in_its_pass(target, impl, kind):
     """``propose(context=...)`` puts the committed tokens into the cache inside the backbone pass: the cache and the
-    proposal equal ``extend_context`` then ``propose``, ragged, with a request that has no new tokens this round."""
-    drafter = make_drafter(target)
+    proposal equal ``extend_context`` then ``propose``, ragged, with a request that has no new tokens this round
+    (with the anchor-feature path it keeps the feature of its earlier context)."""
+    drafter = make_drafter(target, kind)
     seqs = [[random.randrange(4, VOCAB) for _ in range(n)] for n in (10, 7, 13)]
     feats = [forward_outputs(target, [s], drafter.feature_layers).features[0] for s in seqs]
     first, new = [6, 5, 4], [2, 0, 7]  # tokens extended before, tokens handed over with the draft
@@ -166,7 +172,8 @@ def _sampled(target, drafter, temperature, n=4000):
     return prompt, steps, spec
 
 
-@pytest.mark.parametrize("kind,temperature", [("vanilla", 1.0), ("gated", 1.0), ("rnn", 1.0), ("none", 0.8)])
+@pytest.mark.parametrize("kind,temperature", [("vanilla", 1.0), ("gated", 1.0), ("rnn", 1.0), ("none", 0.8),
+                                              (ANCHOR, 1.0)])
 def test_sampled_speculative_is_lossless(target, trained, kind, temperature):
     prompt, steps, spec = _sampled(target, trained[kind], temperature)
     rounds = sum(spec.accept_hist)
@@ -287,6 +294,44 @@ def test_save_load_round_trip_and_mismatch_errors(target, tmp_path):
     (tmp_path / "d" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_block_drafter(tmp_path / "d", target)
+
+
+def test_anchor_feature_path_reads_the_predecessor_and_refuses_missing_context(target):
+    """The anchor-feature path adds ``anchor_proj(H_ctx[P - 1])`` to the block input: the proposal equals a pass
+    without the path whose input embedding carries that term; a request with no context, or a cache without the
+    kept features, is a clear error; freeing a request forgets its feature."""
+    drafter = make_drafter(target, ANCHOR)
+    plain = make_drafter(target, "vanilla")
+    plain.load_state_dict({k: v for k, v in drafter.state_dict().items() if not k.startswith("anchor_proj")})
+    seq = [random.randrange(4, VOCAB) for _ in range(9)]
+    feats = forward_outputs(target, [seq], drafter.feature_layers).features[0]
+    cache, plain_cache = drafter.new_state(8, 4), plain.new_state(8, 4)
+    for c, d in ((cache, drafter), (plain_cache, plain)):
+        c.add_request(0)
+        d.extend_context(c, [0], feats[:8], torch.tensor([0, 8], dtype=torch.int32))
+    torch.testing.assert_close(cache.last_context[0], drafter.context_features(feats[7]))
+    shift = drafter.anchor_proj(drafter.context_features(feats[7]))
+    embed = plain.embed
+
+    def shifted_embed(ids):
+        return embed(ids) + shift
+    plain.embed = shifted_embed
+    ours, ref = drafter.propose(cache, [0], torch.tensor([seq[8]]), 4), plain.propose(plain_cache, [0],
+                                                                                      torch.tensor([seq[8]]), 4)
+    torch.testing.assert_close(ours.base_logits, ref.base_logits, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours.base_logits, make_drafter(target).propose(plain_cache, [0], torch.tensor([seq[8]]),
+                                                                             4).base_logits, atol=1e-3)
+    cache.add_request(1)
+    with pytest.raises(ValueError, match=r"requests \[1\] have no context"):
+        drafter.propose(cache, [0, 1], torch.tensor([seq[8], seq[0]]), 4)
+    from dspark_kernels.models.kv_cache import PagedKVCache
+
+    bare = PagedKVCache(2, 8, 4, cache.num_kv_heads, cache.head_dim)
+    bare.add_request(0)
+    with pytest.raises(TypeError, match="BlockDrafterCache"):
+        drafter.propose(bare, [0], torch.tensor([seq[8]]), 4)
+    cache.free(0)
+    assert 0 not in cache.last_context and cache.num_free_pages == 8
 
 
 def test_traces_record_confidence_and_acceptance(target):

@@ -89,6 +89,20 @@ def test_init_fine_tunes_from_saved_weights(setup, name, cli, extra, capsys):
     if cli is block_cli:
         with pytest.raises(ValueError, match="--init.*shape"):
             run(f"{name}-rank4", "--steps", "1", "--init", str(base), arch=[*extra, "--rank", "4"])
+        # --anchor-feature adds a zero-initialised projection: at learning rate 0 the saved weights come back with it
+        # at zero, and the drafter proposes exactly what the saved one does
+        run(f"{name}-af0", "--steps", "1", "--lr", "0", "--init", str(base), arch=[*extra, "--anchor-feature"])
+        grown = _weights(setup / "init_out" / f"{name}-af0")
+        assert set(grown) == set(start) | {"anchor_proj.weight"} and not grown["anchor_proj.weight"].any()
+        assert all(torch.equal(start[k], grown[k]) for k in start)
+        target = load_model(setup / "target")
+        runs = [speculative_generate(target, load_drafter(d, target), [[1, 5, 6], [1, 9]], 8, 3, temperature=1.0,
+                                     seeds=[1, 2], record_traces=True)
+                for d in (base, setup / "init_out" / f"{name}-af0")]
+        assert runs[0].tokens == runs[1].tokens
+        torch.testing.assert_close(runs[1].extra["confidence_logits"], runs[0].extra["confidence_logits"])
+        with pytest.raises(ValueError, match="--init.*unexpected.*anchor_proj"):  # the other way is not allowed
+            run(f"{name}-af-back", "--steps", "1", "--init", str(setup / "init_out" / f"{name}-af0"))
 
 
 @pytest.mark.parametrize("name,cli,extra", [

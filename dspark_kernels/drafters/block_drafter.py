@@ -13,6 +13,10 @@ at position P, the block input is ``[x_0, MASK x (gamma - 1)]`` at positions ``P
   within the block.
 * The final norm and the target's frozen LM head give the base logits ``U_k``; the target's frozen embedding embeds the
   block input. Neither is stored with the drafter.
+* Anchor feature (``anchor_feature = True``): every block row's input also gets ``anchor_proj(H_ctx[P - 1])``, the
+  context feature of the anchor's predecessor (the target state whose output the anchor was sampled from), through a
+  bias-free ``hidden -> hidden`` projection initialised at zero. MTP-1 reads that feature directly, concatenated with
+  the anchor's embedding; without this path the block reaches it only through attention.
 
 The sequential head (:class:`~dspark_kernels.drafters.sequential_head.SequentialHead`) adds the Markov/RNN bias of the
 previous token left to right and emits the confidence logits; ``markov_rank = 0`` is pure DFlash. The head's ``h_k``
@@ -48,7 +52,7 @@ from .api import DraftContext, DraftOutput, load_drafter_weights, read_drafter_c
 from .draft_vocab import DraftVocab, draft_logits, draw
 from .sequential_head import SequentialHead
 
-__all__ = ["BlockDrafter", "DrafterConfig", "load_block_drafter"]
+__all__ = ["BlockDrafter", "BlockDrafterCache", "DrafterConfig", "load_block_drafter"]
 
 MAX_GAMMA = 16
 HEAD_KINDS = ("none", "vanilla", "gated", "rnn")
@@ -71,6 +75,7 @@ class DrafterConfig:
     markov_rank: int = 64
     confidence: bool = True
     name: str = "dspark"
+    anchor_feature: bool = False
 
     def validate(self, target: ModelConfig) -> None:
         if not 1 <= self.num_layers <= 5:
@@ -101,6 +106,20 @@ class DrafterConfig:
                 )
         if not 0 <= self.mask_token_id < target.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {target.vocab_size})")
+
+
+class BlockDrafterCache(PagedKVCache):
+    """The block drafter's per-batch state: the paged context K/V of every draft layer, plus each request's last
+    context feature ``H_ctx [hidden]`` (kept only by a drafter with the anchor-feature path, which reads it as the
+    anchor's predecessor)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.last_context: dict[Hashable, torch.Tensor] = {}
+
+    def free(self, rid: Hashable) -> None:
+        super().free(rid)
+        self.last_context.pop(rid, None)
 
 
 class DraftLayer(DecoderLayer):
@@ -137,6 +156,9 @@ class BlockDrafter(nn.Module):
         self.norm = RMSNorm(h, target.config.rms_norm_eps)
         head_kind = cfg.head_kind if cfg.markov_rank > 0 else "vanilla"  # rank 0 makes the head "none" regardless
         self.head = SequentialHead(cfg.vocab_size, h, cfg.markov_rank, kind=head_kind, confidence=cfg.confidence)
+        self.anchor_proj = nn.Linear(h, h, bias=False) if cfg.anchor_feature else None
+        if self.anchor_proj is not None:
+            nn.init.zeros_(self.anchor_proj.weight)  # starts as the drafter without the path (fine-tuning from one)
         # frozen, shared with the target (plain attributes: not parameters of the drafter, not saved)
         self.__dict__["target"] = target
         self.draft_vocab: DraftVocab | None = None  # drafting over a subset of the vocabulary (.draft_vocab)
@@ -186,7 +208,7 @@ class BlockDrafter(nn.Module):
         """The largest block a pass drafts (its block attention's limit)."""
         return MAX_GAMMA
 
-    def new_state(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
+    def new_state(self, num_pages: int, page_size: int = 16) -> BlockDrafterCache:
         return self.new_cache(num_pages, page_size)
 
     def add_request(self, state: PagedKVCache, rid: Hashable) -> None:
@@ -212,9 +234,9 @@ class BlockDrafter(nn.Module):
                        self.head.weights(), temperature, top_k, top_p, uniforms, impl=impl, check_inputs=False)
         return DraftOutput(res.tokens, res.draft_probs, res.confidence_logits if self.config.confidence else None)
 
-    def new_cache(self, num_pages: int, page_size: int = 16) -> PagedKVCache:
+    def new_cache(self, num_pages: int, page_size: int = 16) -> BlockDrafterCache:
         c = self.layer_config
-        return PagedKVCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
+        return BlockDrafterCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
                             dtype=self.dtype, device=self.device)
 
     def _new_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], counts: Sequence[int],
@@ -224,6 +246,30 @@ class BlockDrafter(nn.Module):
         each request."""
         slots, positions = cache.token_slots(request_ids, counts, self.device)
         return slots, positions, self.context_features(features.to(self.device, self.dtype))
+
+    def _keep_last_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], counts: Sequence[int],
+                           h_ctx: torch.Tensor) -> None:
+        """Remember each request's last new context row of ``h_ctx [T, hidden]`` (``counts[r]`` rows of request
+        ``r``) when the anchor-feature path needs it."""
+        if self.anchor_proj is None or h_ctx.shape[0] == 0:
+            return
+        ends = torch.tensor(counts, dtype=torch.long).cumsum(0) - 1
+        rows = h_ctx[ends.clamp(min=0).to(h_ctx.device)]
+        for rid, n, row in zip(request_ids, counts, rows):
+            if n > 0:
+                cache.last_context[rid] = row
+
+    def _anchor_features(self, cache: PagedKVCache, request_ids: Sequence[Hashable]) -> torch.Tensor:
+        """``H_ctx [R, hidden]`` of each request's anchor predecessor (its last context row)."""
+        last = getattr(cache, "last_context", None)
+        if last is None:
+            raise TypeError(f"an anchor-feature drafter needs the state of its new_state/new_cache (a "
+                            f"BlockDrafterCache), got {type(cache).__name__}")
+        missing = [rid for rid in request_ids if rid not in last]
+        if missing:
+            raise ValueError(f"requests {missing[:5]} have no context yet: an anchor-feature drafter reads the "
+                             "feature of the anchor's predecessor (extend the prompt first)")
+        return torch.stack([last[rid] for rid in request_ids])
 
     @torch.inference_mode()
     def extend_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], features: torch.Tensor,
@@ -236,6 +282,7 @@ class BlockDrafter(nn.Module):
         counts = (cu[1:] - cu[:-1]).tolist()
         cache.reserve_many(list(request_ids), counts)
         slots, positions, h_ctx = self._new_context(cache, request_ids, counts, features)
+        self._keep_last_context(cache, request_ids, counts, h_ctx)
         cos, sin = self._rope(positions, h_ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.keys_values(h_ctx, cos, sin)
@@ -266,7 +313,10 @@ class BlockDrafter(nn.Module):
         n_block = x.shape[0]
         if fresh:
             slots, ctx_positions, h_ctx = self._new_context(cache, request_ids, counts, context[1])
+            self._keep_last_context(cache, request_ids, counts, h_ctx)
             positions = torch.cat([positions, ctx_positions])
+        if self.anchor_proj is not None:
+            x = x + self.anchor_proj(self._anchor_features(cache, request_ids)).repeat_interleave(gamma, dim=0)
         cos, sin = self._rope(positions, x.dtype)
         plan = plan_draft_block_attention(page_table, cu, ctx_lens, cache.page_size,
                                           self.layer_config.num_attention_heads, impl=impl, check_inputs=False)
@@ -316,6 +366,11 @@ class BlockDrafter(nn.Module):
         cos_c, sin_c = self._rope(ctx_pos.repeat(b), h_ctx.dtype)
         cos_b, sin_b = self._rope(blk_pos.reshape(-1), h_ctx.dtype)
         x = self.embed(ids.reshape(-1)).to(h_ctx.dtype)
+        if self.anchor_proj is not None:  # the anchor's predecessor row (anchors >= 1 have one; others read zeros)
+            rows = (safe - 1).clamp(min=0)[..., None].expand(-1, -1, h_ctx.shape[-1])
+            prev = h_ctx.view(b, seq_len, -1).gather(1, rows)
+            prev = prev * (anchors >= 1)[..., None].to(prev.dtype)
+            x = x + self.anchor_proj(prev).repeat_interleave(gamma, dim=1).reshape(b * m, -1)
         for layer in self.layers:
             attn = layer.self_attn
             hx = layer.input_layernorm(x)

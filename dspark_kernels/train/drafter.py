@@ -8,6 +8,8 @@ of the loss on the first slots) and normalised by the sum of weights over valid 
 * BCE: confidence logits against the detached analytic acceptance ``clamp(1 - L1 / 2, 0, 1)``.
 DSpark uses (0.1, 0.9, 1.0); DFlash (1, 0, 0) with no Markov head and no confidence head.
 
+``--anchor-feature`` adds the anchor predecessor's context feature to the block input (:mod:`..drafters.block_drafter`).
+
 ``--draft-vocab K`` trains over a draft vocabulary, as the drafter then drafts (:mod:`.draft_vocab_loss`).
 
 Each step draws a block size from ``--gammas`` (default 7 and 15, so one checkpoint serves both benchmark settings).
@@ -92,7 +94,7 @@ def train(args: argparse.Namespace) -> dict:
         feature_layers=tuple(args.feature_layers), mask_token_id=args.mask_token_id,
         vocab_size=target.config.vocab_size, hidden_size=target.config.hidden_size, num_layers=args.layers,
         gamma=max(args.gammas), head_kind=args.head if args.rank > 0 else "none", markov_rank=args.rank,
-        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name,
+        confidence=LOSS_WEIGHTS[args.loss][2] > 0, name=args.name, anchor_feature=args.anchor_feature,
     )
     drafter = BlockDrafter(cfg, target)
     ranking = attach_draft_vocab(drafter, args, cfg.vocab_size)
@@ -104,7 +106,8 @@ def train(args: argparse.Namespace) -> dict:
         parts = drafter_loss(drafter, batch, gamma, LOSS_WEIGHTS[args.loss], args.slot_decay)
         return parts.total, {"gamma": gamma, "ce": parts.ce, "l1": parts.l1, "conf": parts.conf}
 
-    summary = run_training(drafter, args, rng, loss_fn)
+    added = ("anchor_proj.weight",) if cfg.anchor_feature else ()
+    summary = run_training(drafter, args, rng, loss_fn, init_added=added)
     save_ranking(ranking, args.out)
     return summary
 
@@ -128,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="block sizes, one drawn per step (one checkpoint serves them all)")
     p.add_argument("--slot-decay", type=positive_float, default=4.0,
                    help="decay of the per-slot loss weights exp(-(k - 1) / decay) along the block")
+    p.add_argument("--anchor-feature", action="store_true",
+                   help="add the anchor predecessor's context feature to the block input (zero-initialised, so "
+                        "--init may name a drafter without it)")
     add_training_arguments(p)
     p.add_argument("--anchors", type=positive_int, default=32,
                    help="blocks (anchor positions) per rollout per step")

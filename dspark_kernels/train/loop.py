@@ -8,7 +8,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import torch
@@ -25,11 +25,12 @@ def lr_at(step: int, max_steps: int, lr: float) -> float:
 
 
 def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random.Random,
-                 loss_fn: Callable[[], tuple[torch.Tensor, dict]]) -> dict:
+                 loss_fn: Callable[[], tuple[torch.Tensor, dict]], init_added: Collection[str] = ()) -> dict:
     """Minimise ``loss_fn()`` (a fresh batch each call; returns the loss and the values to log) for ``args.steps``.
 
     Uses ``args``: ``lr``, ``steps``, ``work_dir`` (``checkpoint.pt``, ``log.jsonl``), ``resume``, ``ckpt_every``,
     ``init`` (a saved drafter directory whose weights start a run that has no checkpoint to resume: fine-tuning),
+    ``init_added`` (tensors the drafter adds to the ``init`` architecture, see :func:`load_initial_weights`),
     ``name`` and ``out`` (the drafter is saved there in bfloat16 with ``train_summary.json``). AdamW with weight decay
     0 and betas (0.9, 0.95) (the reference code keeps torch's (0.9, 0.999); the shipped drafters were trained with
     these), gradient clipping at 1.0; the checkpoint holds the model, the optimiser, the step and ``rng``'s state.
@@ -54,7 +55,7 @@ def run_training(drafter: torch.nn.Module, args: argparse.Namespace, rng: random
         if args.resume:
             print(f"--resume: no checkpoint at {ckpt_path}; starting from step 0", file=sys.stderr)
         if args.init is not None:
-            load_initial_weights(drafter, args.init)
+            load_initial_weights(drafter, args.init, init_added)
     with open(work / "log.jsonl", "a") as log, tqdm(total=args.steps, initial=step, desc=args.name,
                                                     dynamic_ncols=True) as bar:
         while step < args.steps:
@@ -87,9 +88,10 @@ def check_batch_size(batch_size: int, num_rollouts: int, rollouts_dirs: Sequence
                          f"{', '.join(map(str, rollouts_dirs))}")
 
 
-def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
+def load_initial_weights(drafter: torch.nn.Module, init_dir: Path, added: Collection[str] = ()) -> None:
     """Fill ``drafter`` (in training mode, its own dtype) from ``init_dir/model.safetensors``, a directory that a
-    trainer saved for the same architecture; clear errors for missing, extra or mis-shaped tensors."""
+    trainer saved for the same architecture; clear errors for missing, extra or mis-shaped tensors. ``added`` names
+    tensors this drafter adds to the saved architecture: they may be missing and keep their initialisation."""
     from safetensors.torch import load_file
 
     weights = Path(init_dir) / "model.safetensors"
@@ -97,14 +99,14 @@ def load_initial_weights(drafter: torch.nn.Module, init_dir: Path) -> None:
         raise FileNotFoundError(f"--init: no drafter weights at {weights}")
     state = load_file(str(weights))
     own = drafter.state_dict()
-    if set(state) != set(own):
+    if set(state) != set(own) - (set(added) - set(state)):
         raise ValueError(f"--init {init_dir}: tensors differ from this drafter's: missing "
                          f"{sorted(set(own) - set(state))[:5]}, unexpected {sorted(set(state) - set(own))[:5]}")
     for name, tensor in state.items():
         if tensor.shape != own[name].shape:
             raise ValueError(f"--init {init_dir}: {name} has shape {tuple(tensor.shape)}, this drafter's "
                              f"{tuple(own[name].shape)} (is the architecture, e.g. --rank / --layers, the saved one?)")
-    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    drafter.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
