@@ -214,7 +214,7 @@ def test_a_run_interrupted_and_resumed_ends_bit_identical(setup, name, cli, extr
                           "--steps", "5", *extra, *more))
 
     def interrupted_after(n):
-        def run_training(drafter, args, rng, loss_fn):
+        def run_training(drafter, args, rng, loss_fn, **options):
             calls = []
 
             def dying_loss():
@@ -222,7 +222,7 @@ def test_a_run_interrupted_and_resumed_ends_bit_identical(setup, name, cli, extr
                 if len(calls) > n:
                     raise KeyboardInterrupt
                 return loss_fn()
-            return loop.run_training(drafter, args, rng, dying_loss)
+            return loop.run_training(drafter, args, rng, dying_loss, **options)
         return run_training
 
     run("straight")
