@@ -237,7 +237,7 @@ class BlockDrafter(nn.Module):
     def new_cache(self, num_pages: int, page_size: int = 16) -> BlockDrafterCache:
         c = self.layer_config
         return BlockDrafterCache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads, c.head_dim,
-                            dtype=self.dtype, device=self.device)
+                                 dtype=self.dtype, device=self.device)
 
     def _new_context(self, cache: PagedKVCache, request_ids: Sequence[Hashable], counts: Sequence[int],
                      features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
