@@ -16,6 +16,7 @@ import torch
 from dspark_kernels.drafters import DraftOutput, NullDrafter
 from dspark_kernels.engine.engine import Engine, run_closed_loop
 from dspark_kernels.engine.policies import (
+    GATED_POLICY_NAMES,
     POLICY_NAMES,
     FixedK,
     algorithm1_at_mean,
@@ -628,6 +629,47 @@ def test_replay_oracle_bounds_every_policy(traces):
             assert p["per_user_tps_p10"] <= p["per_user_tps_median"]
 
 
+def draft_rounds_profile(max_r: int, seconds_per_request: float) -> SPSProfile:
+    """A draft-round profile whose round of R requests takes ``R * seconds_per_request``."""
+    sizes = tuple(range(1, max_r + 1))
+    return SPSProfile("test", "rounds", sizes, (tuple(1.0 / (r * seconds_per_request) for r in sizes),),
+                      source="modelled")
+
+
+def test_replay_charges_the_draft_rounds(traces):
+    """With draft-round profiles each drafted step also takes ``D(R, w)``: a fixed-k point keeps its tokens and steps
+    and gains exactly ``steps x D(R, k)`` seconds (free drafting through a profile matches no profile at all); the
+    gated policies run, and the oracle, which plans each round's draft knowing its outcome, still bounds every
+    policy."""
+    profile = linear_profile(16 * (GAMMA + 1), 16.0)
+    free = draft_rounds_profile(16, 1e-12)
+    full, narrow = draft_rounds_profile(16, 0.05), draft_rounds_profile(16, 0.02)
+    for c in (1, 4, 16):
+        for name in ("none", "mtp1", "fixed3"):
+            plain = simulate(make_policy(name), traces, profile, c)
+            through_free = simulate(make_policy(name), traces, profile, c, draft_profile=free,
+                                    narrow_draft_profile=free)
+            charged = simulate(make_policy(name), traces, profile, c, draft_profile=full, narrow_draft_profile=narrow)
+            assert through_free["system_tps"] == pytest.approx(plain["system_tps"], rel=1e-9)
+            assert charged["steps"] == plain["steps"] and charged["tau"] == plain["tau"]
+            k = int(plain["verified_tokens"])
+            d = 0.0 if k == 0 else c * (0.02 + (k - 1) / (GAMMA - 1) * 0.03)
+            tokens = plain["tau"] * plain["steps"] * c
+            expected = tokens / (tokens / plain["system_tps"] + plain["steps"] * d)
+            assert charged["system_tps"] == pytest.approx(expected, rel=1e-9), (c, name)
+        points = [simulate(make_policy(n, prior_survival=[0.5] * GAMMA), traces, profile, c, draft_profile=full,
+                           narrow_draft_profile=narrow) for n in (*POLICY_NAMES, *GATED_POLICY_NAMES)]
+        at = {p["policy"]: p for p in points}
+        assert at["oracle"]["rejected_tokens"] == 0 and at["oracle"]["drafted_rounds"] < 1
+        for name, p in at.items():
+            assert at["oracle"]["system_tps"] >= p["system_tps"] * (1 - 1e-9), (c, name)
+        assert at["none"]["drafted_rounds"] == 0 and at["fixed3"]["drafted_rounds"] == 1
+    with pytest.raises(ValueError, match="needs draft_profile"):
+        simulate(make_policy("dspark"), traces, profile, 2, narrow_draft_profile=narrow)
+    with pytest.raises(ValueError, match="draft-round profile"):
+        simulate(make_policy("dspark+gate"), traces, profile, 2)
+
+
 def test_nan_confidences_from_the_drafter_fail_their_requests(target, drafter, monkeypatch):  # noqa: F811
     """A drafter whose confidence head emits NaN fails the requests of that round, with an error naming the policy
     (instead of sorting NaN survivals), frees their pages, and leaves the engine usable."""
@@ -728,6 +770,11 @@ def test_serving_cli_writes_json_csv_png(tmp_path, monkeypatch, mode):
                              + (["--batch-invariant"] if invariant else []))
     with pytest.raises(ValueError, match="--length-range must be in"):
         serving.main(argparse.Namespace(**{**vars(args), "length_range": 1.0}))
+    with pytest.raises(ValueError, match="--narrow-draft-profile needs --draft-profile"):
+        serving.main(argparse.Namespace(**{**vars(args), "narrow_draft_profile": tmp_path / "none.json"}))
+    with pytest.raises(ValueError, match="--draft-profile .*: no such file" if mode == "replay" else
+                       "--draft-profile are for --mode replay"):
+        serving.main(argparse.Namespace(**{**vars(args), "draft_profile": tmp_path / "none.json"}))
     order, closed_loop = [], serving.run_closed_loop
     monkeypatch.setattr(serving, "run_closed_loop", lambda eng, *a, **k: order.append(eng.policy.name) or
                         closed_loop(eng, *a, **k))
@@ -763,6 +810,14 @@ def test_serving_cli_writes_json_csv_png(tmp_path, monkeypatch, mode):
         assert set(paired) == {"1", "2"} and all(row["none"] == {"vs_none": 1.0} for row in paired.values())
     else:
         assert "paired_system_tps_ratios" not in data["readouts"]
+    if mode == "replay":  # charged the draft rounds, the gated policies run too
+        draft = tmp_path / "rounds.json"
+        draft.write_text(json.dumps(draft_rounds_profile(2, 0.01).to_dict()))
+        serving.main(argparse.Namespace(**{**vars(args), "draft_profile": draft, "narrow_draft_profile": draft}))
+        data = json.loads((tmp_path / "out.json").read_text())
+        assert {p["policy"] for p in data["points"]} == names | {"dspark+gate"}
+        assert str(draft) in data["profile"]["origin"]
+        assert all(0 <= p["drafted_rounds"] <= 1 for p in data["points"])
 
 
 def test_serving_profiles_are_keyed_by_the_device_the_target_runs_on(monkeypatch):

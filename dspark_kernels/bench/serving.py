@@ -279,16 +279,24 @@ def run_replay(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPS
         profile, where = read_profile(args.profile), str(args.profile)
     else:
         profile, where = analytic_roofline("H200", 8e9, model="8B (modelled)"), 'analytic_roofline("H200", 8e9)'
+    drafts = [None if path is None else read_profile(path) for path in (args.draft_profile, args.narrow_draft_profile)]
+    if drafts[0] is not None:
+        where += f"; draft rounds {args.draft_profile}" + \
+            ("" if drafts[1] is None else f" and at one slot {args.narrow_draft_profile}")
     prompts, source = prompts_for(args, args.trace_prompts, target.config.vocab_size, args.seed)
     res = speculative_generate(target, drafter, prompts, args.max_new_tokens, args.gamma,
                                temperature=args.temperature, seeds=list(range(len(prompts))), record_traces=True)
     traces = Traces.from_result(res.extra)
     print(f"traces: {traces.rounds.numel()} requests, {traces.conf.shape[0]} rounds, tau {res.tau:.3f} ({source})",
           flush=True)
-    names = [n for n in args.policies if n not in GATED_POLICY_NAMES]
-    if len(names) < len(args.policies):
-        print("replay charges no drafting: the gated policies run in live mode only", flush=True)
-    points = sweep(names, traces, profile, args.concurrency, cal.temperatures, seed=args.seed)
+    names = list(args.policies)
+    if drafts[0] is None:
+        names = [n for n in names if n not in GATED_POLICY_NAMES]
+        if len(names) < len(args.policies):
+            print("replay without --draft-profile charges no drafting: the gated policies are left out", flush=True)
+    points = sweep(names, traces, profile, args.concurrency, cal.temperatures, seed=args.seed,
+                   prior_survival=None if drafts[0] is None else cal.prior_survival, draft_profile=drafts[0],
+                   narrow_draft_profile=drafts[1])
     for p in points:
         p["prompts"] = source
         _print_point(p)
@@ -535,6 +543,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="live: runs per point, round-robin over the policies; the point is the median run")
     p.add_argument("--trace-prompts", type=positive_int, default=32, help="replay: prompts decoded to record traces")
     p.add_argument("--profile", type=Path, default=None, help="replay: SPS profile JSON (default: modelled H200 8B)")
+    p.add_argument("--draft-profile", type=Path, default=None,
+                   help="replay: the drafter's draft-round profile JSON at --gamma slots (rounds/s by request count); "
+                        "charges every drafted round and lets the gated policies run (default: drafting is free)")
+    p.add_argument("--narrow-draft-profile", type=Path, default=None,
+                   help="replay: the same at one slot (with --draft-profile; widths between are interpolated)")
     p.add_argument("--sps-dir", type=Path, default=SPS_DIR, help="live: where measured profiles are stored")
     p.add_argument("--reprofile", action="store_true",
                    help="live: measure the profiles anew and overwrite the stored ones (a CPU profile describes the "
@@ -556,6 +569,14 @@ def main(args: argparse.Namespace) -> None:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if not 0 <= args.length_range < 1:
         raise ValueError(f"--length-range must be in [0, 1), got {args.length_range}")
+    if args.narrow_draft_profile is not None and args.draft_profile is None:
+        raise ValueError("--narrow-draft-profile needs --draft-profile (the draft rounds at --gamma slots)")
+    if args.mode == "live" and (args.draft_profile is not None or args.profile is not None):
+        raise ValueError("--profile and --draft-profile are for --mode replay (live mode measures its profiles)")
+    for name in ("profile", "draft_profile", "narrow_draft_profile"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            raise ValueError(f"--{name.replace('_', '-')} {path}: no such file")
     if args.concurrency is None:
         args.concurrency = list(LIVE_CONCURRENCY if args.mode == "live" else REPLAY_CONCURRENCY)
     data = run(args)

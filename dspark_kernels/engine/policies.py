@@ -60,6 +60,7 @@ Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -229,6 +230,10 @@ class Policy:
     def observe_round(self, r: int, drafted: bool, seconds: float) -> None:
         """Feed back a round's wall time with ``r`` live requests, drafted or a plain step (from an engine with a
         clock; no-op by default)."""
+
+    def foresee(self, realised: torch.Tensor) -> None:
+        """Replay only, before :meth:`drafts`: the round's realised accepted drafts ``[R]`` at full width. Only the
+        oracle reads them (no-op by default)."""
 
 
 def _device(conf_logits: torch.Tensor | None) -> torch.device:
@@ -552,15 +557,46 @@ class SmartSpec(Policy):
 
 
 class Oracle(Policy):
-    """B8 (replay only): verify exactly the realised accepted drafts (``realised [R]``, the full-gamma outcome)."""
+    """B8 (replay only): verify exactly the realised accepted drafts (``realised [R]``, the full-gamma outcome).
+
+    With a draft profile the oracle also plans each round's draft knowing its outcome (:meth:`foresee`): among a plain
+    step and the widths ``w = 1 ..`` the longest accepted run, it takes the one with the most ``tokens - rate x
+    seconds`` at its running system rate (tokens a round ``R + sum_r min(a_r, w)``, seconds ``1 / SPS(tokens) +
+    D(R, w)``), the per-round step of maximising the run's tokens/s (Dinkelbach)."""
 
     name = "oracle"
     replay_only = True
+
+    def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
+        super().bind(profile, gamma, max_batch, draft_profile, narrow_draft_profile)
+        self._width, self._tokens, self._seconds = gamma, 0, 0.0
+
+    def foresee(self, realised):
+        r = realised.numel()
+        rate = self._tokens / self._seconds if self._seconds > 0 else r * float(self.sps_table[r])
+        best = -math.inf
+        for w in range(min(int(realised.max()), self.gamma) + 1 if r else 1):
+            tokens = r + int(realised.clamp(max=w).sum())
+            gain = tokens - rate * (1.0 / float(self.sps_table[tokens]) + self.draft_seconds(r, w))
+            if gain > best:
+                best, self._width = gain, w
+
+    def drafts(self, live, step):
+        return self._width > 0
+
+    def draft_width(self, live, step):
+        return self._width
 
     def choose(self, conf_logits, live, step, realised=None):
         if realised is None:
             raise ValueError("the oracle policy needs the realised accepted counts: it runs in replay only")
         return realised.long().clamp(max=self.gamma)
+
+    def observe(self, accepted, verify_lens):
+        self._tokens += accepted.numel() + int(accepted.sum())
+
+    def observe_round(self, r, drafted, seconds):
+        self._seconds += seconds
 
 
 def make_policy(name: str, temperatures: torch.Tensor | None = None,

@@ -10,8 +10,20 @@ rounds`` (a shorter verify emits fewer tokens, so a request can need more rounds
 reused in order: an approximation, since the real continuation would differ). Per step the policy chooses ``l_r``
 for the live slots, the step takes ``1 / SPS(B)`` seconds with ``B = sum_r (1 + l_r)`` (a B beyond the profile's last
 size Bmax is extrapolated compute-bound, ``t(Bmax) * B / Bmax``), and each request emits ``min(a_r, l_r) + 1`` tokens. A
-finished request is replaced at once; the run stops when ``num_requests`` requests have finished. Prefill and draft
-time are not modelled.
+finished request is replaced at once; the run stops when ``num_requests`` requests have finished. Prefill time is not
+modelled.
+
+Draft time: without a draft profile drafting is free and every round drafts ``gamma`` slots. With the drafter's
+draft-round profiles (``draft_profile`` at ``gamma`` slots, optionally ``narrow_draft_profile`` at one: the engine's
+``D(R, w)``, :meth:`Policy.draft_seconds`) each step runs as the engine's round does: the policy says whether it drafts
+(:meth:`Policy.drafts`; else a plain step of ``R`` tokens, nothing verified) and at which width ``w``
+(:meth:`Policy.draft_width`; ``choose`` gets the first ``w`` confidences, and a request accepts ``min(a_r, w)``), and
+the step takes ``1 / SPS(B) + D(R, w)``. Every policy is then told the modelled seconds of its rounds
+(:meth:`Policy.observe_round`), as an engine with a clock tells it the measured ones, so the gated policies run too. The
+oracle sees each round's realised counts before it drafts (:meth:`Policy.foresee`) and picks a plain step or the
+draft width that pays best for that outcome (:class:`~.policies.Oracle`), then verifies exactly the accepted drafts:
+the bound of the schedules of this drafter's rounds. A narrower draft is taken to accept as the full-width one did
+(the traces record full-width rounds): an approximation for a block drafter, whose slots attend to each other.
 """
 
 from __future__ import annotations
@@ -73,16 +85,18 @@ def _step_time(table: torch.Tensor, batch: int) -> float:
 
 
 def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: int, num_requests: int | None = None,
-             seed: int = 0) -> dict:
-    """One closed-loop point (see the module docstring). Returns ``policy``, ``concurrency``,
-    ``per_user_tps_median``/``_p10`` (tokens / simulated seconds of each finished request), ``system_tps``,
-    ``tau`` (tokens per request-round), ``verified_tokens``/``rejected_tokens`` (drafts per request-round),
-    ``waste`` (rejected / verified), ``steps`` and ``requests``."""
+             seed: int = 0, draft_profile: SPSProfile | None = None,
+             narrow_draft_profile: SPSProfile | None = None) -> dict:
+    """One closed-loop point (see the module docstring; the draft profiles charge the draft rounds). Returns
+    ``policy``, ``concurrency``, ``per_user_tps_median``/``_p10`` (tokens / simulated seconds of each finished request),
+    ``system_tps``, ``tau`` (tokens per request-round), ``verified_tokens``/``rejected_tokens`` (drafts per
+    request-round), ``waste`` (rejected / verified), ``drafted_rounds`` (the share of steps that drafted), ``steps`` and
+    ``requests``."""
     if not isinstance(concurrency, int) or concurrency < 1:
         raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
     num_requests = max(3 * concurrency, 32) if num_requests is None else num_requests
     gamma = traces.gamma
-    policy.bind(profile, gamma, concurrency)
+    policy.bind(profile, gamma, concurrency, draft_profile, narrow_draft_profile)
     table = profile.as_table(concurrency * (gamma + 1))
     budgets = traces.tokens()
     rng = np.random.default_rng(seed)
@@ -93,17 +107,31 @@ def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: i
     slot_tokens = torch.zeros(concurrency, dtype=torch.int64)
     slot_t0 = np.zeros(concurrency)
     slot_id = torch.arange(concurrency)
-    next_id, now, step = concurrency, 0.0, 0
+    next_id, now, step, drafted_steps = concurrency, 0.0, 0, 0
     speeds: list[float] = []
     tokens_total = rounds_total = verified_total = accepted_total = 0
     while len(speeds) < num_requests:
         rows = traces.start[slot_trace] + slot_step % traces.rounds[slot_trace]
-        realised = traces.accepted[rows]
-        lens = policy.choose(traces.conf[rows], slot_id.tolist(), step, realised=realised).long().cpu()
+        realised, live = traces.accepted[rows], slot_id.tolist()
+        if draft_profile is None:  # free drafting: every round drafts gamma slots
+            drafting, width = True, gamma
+        else:
+            policy.foresee(realised)
+            drafting = policy.drafts(live, step)
+            width = policy.draft_width(live, step) if drafting else 0
+        if drafting:
+            realised = realised.clamp(max=width)
+            lens = policy.choose(traces.conf[rows, :width], live, step, realised=realised).long().cpu()
+        else:
+            lens = torch.zeros(concurrency, dtype=torch.int64)
         acc = torch.minimum(realised, lens)
         policy.observe(acc, lens)
-        now += _step_time(table, int((lens + 1).sum()))
+        seconds = _step_time(table, int((lens + 1).sum())) + policy.draft_seconds(concurrency, width)
+        if draft_profile is not None:
+            policy.observe_round(concurrency, drafting, seconds)
+        now += seconds
         step += 1
+        drafted_steps += drafting
         slot_tokens += acc + 1
         slot_step += 1
         tokens_total += int((acc + 1).sum())
@@ -124,12 +152,15 @@ def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: i
         "verified_tokens": verified_total / rounds_total,
         "rejected_tokens": (verified_total - accepted_total) / rounds_total,
         "waste": (verified_total - accepted_total) / verified_total if verified_total else 0.0,
-        "steps": step, "requests": len(speeds),
+        "drafted_rounds": drafted_steps / step, "steps": step, "requests": len(speeds),
     }
 
 
 def sweep(names: Sequence[str], traces: Traces, profile: SPSProfile, concurrencies: Sequence[int],
-          temperatures: torch.Tensor | None = None, seed: int = 0) -> list[dict]:
-    """:func:`simulate` for every policy name x concurrency, a fresh policy per point (same seed: same draws)."""
-    return [simulate(make_policy(n, temperatures), traces, profile, c, seed=seed) for n in names
-            for c in concurrencies]
+          temperatures: torch.Tensor | None = None, seed: int = 0, prior_survival: Sequence[float] | None = None,
+          draft_profile: SPSProfile | None = None, narrow_draft_profile: SPSProfile | None = None) -> list[dict]:
+    """:func:`simulate` for every policy name x concurrency, a fresh policy per point (same seed: same draws);
+    ``prior_survival`` starts the DSpark policies' running mean as in the engine."""
+    return [simulate(make_policy(n, temperatures, prior_survival), traces, profile, c, seed=seed,
+                     draft_profile=draft_profile, narrow_draft_profile=narrow_draft_profile)
+            for n in names for c in concurrencies]
