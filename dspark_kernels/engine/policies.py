@@ -55,7 +55,7 @@ capacity comes from confidences two rounds old, SmartSpec/EMA state and the draf
 
 Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),
 ``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``dspark+gate``,
-``dspark_prod+gate`` (live engine only: the replay charges no drafting), ``oracle``.
+``dspark_prod+gate`` (the live engine, or a replay given draft-round profiles), ``oracle`` (replay only).
 """
 
 from __future__ import annotations
