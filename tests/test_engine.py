@@ -19,6 +19,7 @@ from dspark_kernels.engine.policies import (
     GATED_POLICY_NAMES,
     POLICY_NAMES,
     FixedK,
+    PolicyError,
     algorithm1_at_mean,
     best_common_length,
     drafting_gain,
@@ -668,6 +669,29 @@ def test_replay_charges_the_draft_rounds(traces):
         simulate(make_policy("dspark"), traces, profile, 2, narrow_draft_profile=narrow)
     with pytest.raises(ValueError, match="draft-round profile"):
         simulate(make_policy("dspark+gate"), traces, profile, 2)
+
+
+class _PastTheWidth(FixedK):
+    """A faulty policy: verifies one draft more than it had drafted."""
+
+    def choose(self, conf_logits, live, step, realised=None):
+        return super().choose(conf_logits, live, step, realised) + 1
+
+
+def test_verify_lengths_past_the_drafted_width_are_refused(target, drafter, traces):  # noqa: F811
+    """A policy that asks to verify more drafts than were drafted would verify another request's drafts: the round
+    refuses it (its requests fail with the error, the pages balance) and the replay raises."""
+    eng = Engine(target, drafter, _PastTheWidth(2), linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, page_size=8,
+                 max_batch=4, max_seq_len=64)
+    rids = [eng.add_request(p, 8) for p in PROMPTS[:2]]
+    while eng.has_work:
+        eng.step()
+    for rid in rids:
+        assert eng.requests[rid].reason == "error" and "verify_lens must hold 2 ints in 0..2" in eng.requests[rid].error
+    assert eng.tcache.num_free_pages == eng.kv_pages
+    with pytest.raises(PolicyError, match="chose verify lengths .* at width 2"):
+        simulate(_PastTheWidth(2), traces, linear_profile(8 * (GAMMA + 1), 6.0), 2,
+                 draft_profile=draft_rounds_profile(2, 0.01))
 
 
 def test_nan_confidences_from_the_drafter_fail_their_requests(target, drafter, monkeypatch):  # noqa: F811

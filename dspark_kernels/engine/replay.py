@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .policies import Policy, make_policy
+from .policies import Policy, PolicyError, make_policy
 
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
@@ -122,6 +122,9 @@ def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: i
         if drafting:
             realised = realised.clamp(max=width)
             lens = policy.choose(traces.conf[rows, :width], live, step, realised=realised).long().cpu()
+            if lens.shape != (concurrency,) or bool((lens < 0).any() | (lens > width).any()):
+                raise PolicyError(f"policy {policy.name!r} chose verify lengths {lens.tolist()} for {concurrency} "
+                                  f"requests drafted at width {width}")
         else:
             lens = torch.zeros(concurrency, dtype=torch.int64)
         acc = torch.minimum(realised, lens)

@@ -32,6 +32,7 @@ from ..drafters import DraftContext, Drafter, DraftOutput
 from ..models import CausalLM
 from ..noise import uniform_noise
 from ..ops import rejection_sample
+from ..ops._validate import is_int
 from ..ops.rejection_sample import rejection_noise
 from ..request_checks import check_step_logits
 from ..sampling import Sampling, next_tokens
@@ -166,6 +167,8 @@ def verify_round(target: CausalLM, drafter: Drafter, tcache, rids: Sequence, anc
     dev = anchors.device
     r = len(rids)
     lens = verify_lens.tolist()
+    if len(lens) != r or not all(is_int(l_r) and 0 <= l_r <= gamma for l_r in lens):
+        raise ValueError(f"verify_lens must hold {r} ints in 0..{gamma} (the drafted width), got {lens}")
     if not any(lens):
         return plain_round(target, drafter, tcache, rids, anchors, sampling, impl)
     # index work on the host (the lengths are there already): a row of [anchor, d_1 .. d_gamma] per request,
