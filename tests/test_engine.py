@@ -680,7 +680,8 @@ class _PastTheWidth(FixedK):
 
 def test_verify_lengths_past_the_drafted_width_are_refused(target, drafter, traces):  # noqa: F811
     """A policy that asks to verify more drafts than were drafted would verify another request's drafts: the round
-    refuses it (its requests fail with the error, the pages balance) and the replay raises."""
+    refuses it (its requests fail with the error, the pages balance) and the replay raises, as it does for a draft
+    width outside 1..gamma."""
     eng = Engine(target, drafter, _PastTheWidth(2), linear_profile(4 * (GAMMA + 1), 6.0), GAMMA, page_size=8,
                  max_batch=4, max_seq_len=64)
     rids = [eng.add_request(p, 8) for p in PROMPTS[:2]]
@@ -692,6 +693,10 @@ def test_verify_lengths_past_the_drafted_width_are_refused(target, drafter, trac
     with pytest.raises(PolicyError, match="chose verify lengths .* at width 2"):
         simulate(_PastTheWidth(2), traces, linear_profile(8 * (GAMMA + 1), 6.0), 2,
                  draft_profile=draft_rounds_profile(2, 0.01))
+    wide = FixedK(2)
+    wide.draft_width = lambda live, step: GAMMA + 1
+    with pytest.raises(PolicyError, match="draft width 5, outside 1..4"):
+        simulate(wide, traces, linear_profile(8 * (GAMMA + 1), 6.0), 2, draft_profile=draft_rounds_profile(2, 0.01))
 
 
 def test_nan_confidences_from_the_drafter_fail_their_requests(target, drafter, monkeypatch):  # noqa: F811

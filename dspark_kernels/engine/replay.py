@@ -119,6 +119,8 @@ def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: i
             policy.foresee(realised)
             drafting = policy.drafts(live, step)
             width = policy.draft_width(live, step) if drafting else 0
+            if drafting and not 1 <= width <= gamma:
+                raise PolicyError(f"policy {policy.name!r} asked for draft width {width!r}, outside 1..{gamma}")
         if drafting:
             realised = realised.clamp(max=width)
             lens = policy.choose(traces.conf[rows, :width], live, step, realised=realised).long().cpu()
