@@ -37,9 +37,10 @@ def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def smollm2_gguf():
-    """The real target's GGUF, fetched into the cache on first use (CI fetches it before the tests)."""
+    """The real target's GGUF, fetched into the cache on first use (CI fetches it before the tests; later lookups read
+    the cache in well under a millisecond)."""
     from dspark_kernels.models.registry import resolve_model
 
     return resolve_model("smollm2-135m-instruct")
