@@ -99,9 +99,10 @@ def load_initial_weights(drafter: torch.nn.Module, init_dir: Path, added: Collec
         raise FileNotFoundError(f"--init: no drafter weights at {weights}")
     state = load_file(str(weights))
     own = drafter.state_dict()
-    if set(state) != set(own) - (set(added) - set(state)):
-        raise ValueError(f"--init {init_dir}: tensors differ from this drafter's: missing "
-                         f"{sorted(set(own) - set(state))[:5]}, unexpected {sorted(set(state) - set(own))[:5]}")
+    missing, unexpected = set(own) - set(state) - set(added), set(state) - set(own)
+    if missing or unexpected:
+        raise ValueError(f"--init {init_dir}: tensors differ from this drafter's: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
     for name, tensor in state.items():
         if tensor.shape != own[name].shape:
             raise ValueError(f"--init {init_dir}: {name} has shape {tuple(tensor.shape)}, this drafter's "
