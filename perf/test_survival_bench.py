@@ -1,12 +1,15 @@
 """Scheduler speed: prefix_survival + select_verify_lengths_alg1 (``alg1``), or the production variant's
-capacity_unconstrained + select_verify_lengths_topk (``prod``, the capacity from the same survivals), the reference
-on CPU (host scans up to 256 slots) and Triton on CUDA.
+capacity_unconstrained + select_verify_lengths_topk (``prod``, the capacity from the same survivals), or Algorithm 1
+with the step-aware stop over the whole path (``step``, ``lookahead = N``), the reference on CPU (host scans up to 256
+slots) and Triton on CUDA.
 
 Shapes: R in {1, 8, 64, 256} requests (1, 64, 256 on CUDA), gamma = 16 draft slots each (N = 16 R). Bytes ~ the
 [N] float32 logits read, survival written, the sort's key/index traffic and the three scan passes (~ 16 N * 4);
-FLOPs ~ N log2 N (the sort). Every record carries ``scheduler_s`` (median seconds per schedule) and, against a
-modelled target step (H200 roofline, 8e9 parameters, a verify batch of R (1 + gamma) tokens),
-``pct_of_target_step``: the DSpark goal is a scheduler cost below 1% of a target step at R = 256, gamma = 16.
+FLOPs ~ N log2 N (the sort); ``step`` adds the outlook of every candidate, N terms of 3 FLOPs each over an SPS
+table that stays in cache (3 N^2 FLOPs; the first-drop kernel's tau and best reads, 16 N bytes). Every record
+carries ``scheduler_s`` (median seconds per schedule) and, against a modelled target step (H200 roofline, 8e9
+parameters, a verify batch of R (1 + gamma) tokens), ``pct_of_target_step``: the DSpark goal is a scheduler cost
+below 1% of a target step at R = 256, gamma = 16.
 """
 
 import math
@@ -38,8 +41,9 @@ def _run(benchmark, device, r, impl, scheme="alg1"):
 
     def step():
         a = prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
-        if scheme == "alg1":
-            select_verify_lengths_alg1(a, cu, sps, impl=impl, check_inputs=False)
+        if scheme in ("alg1", "step"):
+            lookahead = n if scheme == "step" else 1
+            select_verify_lengths_alg1(a, cu, sps, lookahead=lookahead, impl=impl, check_inputs=False)
         else:
             k = capacity_unconstrained(a, cu, sps, impl=impl, check_inputs=False)
             select_verify_lengths_topk(a, cu, k, impl=impl, check_inputs=False)
@@ -50,8 +54,8 @@ def _run(benchmark, device, r, impl, scheme="alg1"):
     record(
         benchmark,
         shapes={"R": r, "gamma": GAMMA, "N": n, "scheme": scheme},
-        bytes_moved=16.0 * n * 4,
-        flops=n * math.log2(max(n, 2)),
+        bytes_moved=16.0 * n * 4 + (16.0 * n if scheme == "step" else 0.0),
+        flops=n * math.log2(max(n, 2)) + (3.0 * n * n if scheme == "step" else 0.0),
         impl=impl,
     )
     if benchmark.stats is None:  # --benchmark-disable: ran once, nothing timed
@@ -68,18 +72,20 @@ def _run(benchmark, device, r, impl, scheme="alg1"):
     )
 
 
-@pytest.mark.parametrize("scheme", ["alg1", "prod"])
+@pytest.mark.parametrize("scheme", ["alg1", "step", "prod"])
 @pytest.mark.parametrize("r", [1, 8, 64, 256])
 def test_survival_schedule_reference_cpu(benchmark, r, scheme):
     _run(benchmark, torch.device("cpu"), r, "torch", scheme)
 
 
+@pytest.mark.parametrize("scheme", ["alg1", "step"])
 @pytest.mark.parametrize("r", [1, 64, 256])
-def test_survival_schedule_triton_cuda(benchmark, r):
+def test_survival_schedule_triton_cuda(benchmark, r, scheme):
     if not torch.cuda.is_available():
         pytest.skip("the Triton kernels are timed on CUDA only (the interpreter is not a speed reference)")
-    _run(benchmark, torch.device("cuda"), r, "triton")
+    _run(benchmark, torch.device("cuda"), r, "triton", scheme)
 
 
-def test_survival_schedule_triton_interpreted_smoke(benchmark, interpreted_smoke):
-    _run(benchmark, interpreted_smoke, 4, "triton")
+@pytest.mark.parametrize("scheme", ["alg1", "step"])
+def test_survival_schedule_triton_interpreted_smoke(benchmark, interpreted_smoke, scheme):
+    _run(benchmark, interpreted_smoke, 4, "triton", scheme)

@@ -76,21 +76,56 @@ def candidate_order(survival: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Ten
     return a[order], req[order], pos[order]
 
 
+def tau_path(a_sorted: torch.Tensor, num_requests: int) -> torch.Tensor:
+    """Expected tokens after admitting the first k sorted candidates, k = 0..N: ``R + sum_{i<k} a_sorted[i]``
+    (cumulative sum in float64); ``[N + 1]`` float64."""
+    zero = torch.zeros(1, dtype=torch.float64, device=a_sorted.device)
+    return num_requests + torch.cat([zero, a_sorted.double().cumsum(0)])
+
+
 def theta_path(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tensor) -> torch.Tensor:
     """Theta after admitting the first k sorted candidates, k = 0..N; ``[N + 1]`` float64.
 
-    ``theta[k] = (R + sum_{i<k} a_sorted[i]) * SPS(R + k)`` (cumulative sum in float64). Entries where the
-    candidate has a = 0 or ``R + k`` lies past the table's last entry are ``-inf`` (never an improvement).
+    ``theta[k] = tau[k] * SPS(R + k)`` (:func:`tau_path`). Entries where the candidate has a = 0 or ``R + k`` lies
+    past the table's last entry are ``-inf`` (never an improvement).
     """
     n = a_sorted.numel()
     bmax = sps_table.numel() - 1
     k = torch.arange(n + 1, device=a_sorted.device)
     batch = num_requests + k
-    zero = torch.zeros(1, dtype=torch.float64, device=a_sorted.device)
-    tau = num_requests + torch.cat([zero, a_sorted.double().cumsum(0)])
+    tau = tau_path(a_sorted, num_requests)
     positive = torch.cat([torch.ones(1, dtype=torch.bool, device=a_sorted.device), a_sorted > 0])
     sps = sps_table.double()[batch.clamp(max=bmax)]
     return torch.where(positive & (batch <= bmax), tau * sps, float("-inf"))
+
+
+OUTLOOK_TILE = 64  # outlook terms per candidate in one tile of projected_theta
+
+
+def projected_theta(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tensor, lookahead: int
+                    ) -> torch.Tensor:
+    """The step-aware stop's outlook at every candidate, ``[N + 1]`` float64 (entry 0 unused, ``-inf``).
+
+    ``proj[k] = max_{0 <= m < M_k} (tau[k] + m * a_k) * SPS(R + k + m)`` for the k-th candidate ``a_k`` (1-based):
+    Theta once it is admitted and, optimistically, the next ``m`` candidates too as if each had its survival (an
+    upper bound: they have at most that much). ``M_k = min(lookahead, N - k + 1)``, and terms with ``R + k + m``
+    past the table's last entry are left out; ``-inf`` where ``a_k = 0`` or no term is left. ``m = 0`` is
+    ``theta[k]`` bit for bit. Works on ``[N, OUTLOOK_TILE]`` float64 tiles of the terms."""
+    n = a_sorted.numel()
+    bmax = sps_table.numel() - 1
+    dev = a_sorted.device
+    tau = tau_path(a_sorted, num_requests)[1:, None]
+    a = a_sorted.double()[:, None]
+    k = torch.arange(1, n + 1, device=dev)[:, None]
+    table = sps_table.double()
+    proj = torch.full((n + 1,), float("-inf"), dtype=torch.float64, device=dev)
+    for start in range(0, min(lookahead, n), OUTLOOK_TILE):
+        m = torch.arange(start, min(start + OUTLOOK_TILE, lookahead, n), device=dev)[None, :]
+        batch = num_requests + k + m
+        valid = (a > 0) & (batch <= bmax) & (k + m <= n)
+        terms = (tau + m.double() * a) * table[batch.clamp(max=bmax)]
+        proj[1:] = torch.maximum(proj[1:], torch.where(valid, terms, float("-inf")).amax(dim=1))
+    return proj
 
 
 def lengths_from_count(
@@ -108,23 +143,28 @@ HOST_SLOTS = 256  # on the CPU, Algorithm 1, capacity and top-K over at most thi
 
 
 def select_verify_lengths_alg1_ref(
-    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor
+    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor, lookahead: int = 1
 ) -> torch.Tensor:
-    """Algorithm 1: admit along the sorted order while Theta strictly improves; stop at the first non-improvement.
+    """Algorithm 1: admit along the sorted order while Theta improves; stop at the first candidate that does not.
+    With ``lookahead > 1``, the step-aware stop (:mod:`dspark_kernels.ops.survival`, semantics 3).
 
     CPU tensors with at most ``HOST_SLOTS`` slots take :func:`alg1_host` (the same result; a serving round's few dozen
     slots cost less as a Python scan than as the ~40 small tensor ops of :func:`alg1_vectorised`)."""
     if _on_host(survival):
-        return alg1_host(survival, cu_num_draft_tokens, sps_table)
-    return alg1_vectorised(survival, cu_num_draft_tokens, sps_table)
+        return alg1_host(survival, cu_num_draft_tokens, sps_table, lookahead)
+    return alg1_vectorised(survival, cu_num_draft_tokens, sps_table, lookahead)
 
 
-def alg1_vectorised(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
-    """Algorithm 1 as tensor ops (no host sync): :func:`candidate_order`, :func:`theta_path`, leading improvements."""
+def alg1_vectorised(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor,
+                    lookahead: int = 1) -> torch.Tensor:
+    """Algorithm 1 as tensor ops (no host sync): :func:`candidate_order`, :func:`theta_path`, the best Theta so far
+    (a running max), each candidate's outlook (:func:`projected_theta`; Theta itself when ``lookahead`` is 1) and
+    the leading run of candidates whose outlook beats the best before them."""
     r = cu_num_draft_tokens.numel() - 1
     a_sorted, req_sorted, pos_sorted = candidate_order(survival, cu_num_draft_tokens)
     theta = theta_path(a_sorted, r, sps_table)
-    improves = theta[1:] > theta[:-1]
+    outlook = theta if lookahead == 1 else projected_theta(a_sorted, r, sps_table, lookahead)
+    improves = outlook[1:] > torch.cummax(theta, 0).values[:-1]
     count = improves.to(torch.int64).cumprod(0).sum()  # length of the leading run of improvements
     return lengths_from_count(count, a_sorted, req_sorted, pos_sorted, r)
 
@@ -159,19 +199,27 @@ def _host_lengths(order: list[tuple[float, int, int]], count: int, r: int) -> to
     return torch.tensor(lens, dtype=torch.int32)
 
 
-def alg1_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor) -> torch.Tensor:
+def alg1_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor,
+              lookahead: int = 1) -> torch.Tensor:
     """Algorithm 1 as a Python scan over host values, bit for bit :func:`alg1_vectorised` (CPU tensors only).
 
     Same order (survival high first, then lower j, then lower r; float32 values compare as their bit patterns do),
-    same float64 Theta (``R + running sum``, summed in the sorted order as ``cumsum`` does), same strict-improvement
-    early stop; ``[R]`` int32 on the CPU."""
+    same float64 Theta (``R + running sum``, summed in the sorted order as ``cumsum`` does), same stop: a candidate
+    is admitted while its outlook (Theta, and with ``lookahead > 1`` the terms of :func:`projected_theta`, tried only
+    when Theta alone does not beat the best so far) beats the best Theta before it; ``[R]`` int32 on the CPU."""
     r, order = _host_order(survival, cu_num_draft_tokens)
+    n, bmax = len(order), sps_table.numel() - 1
+    table = sps_table[: min(bmax, r + n) + 1].double().tolist()
     thetas = _host_thetas(order, r, sps_table)
-    best, count = next(thetas), 0
-    for theta in thetas:  # the leading run of strict improvements
+    best, count, total = next(thetas), 0, 0.0
+    for k, theta in enumerate(thetas, 1):
+        a = -order[k - 1][0]
+        total += a
         if not theta > best:
-            break
-        best, count = theta, count + 1
+            tau, span = r + total, min(lookahead, n - k + 1, bmax - r - k + 1)
+            if a <= 0 or not any((tau + m * a) * table[r + k + m] > best for m in range(1, span)):
+                break
+        best, count = max(best, theta), count + 1
     return _host_lengths(order, count, r)
 
 

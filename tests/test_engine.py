@@ -48,9 +48,17 @@ def drafter(target):  # noqa: F811
     return train_block_drafter(target)
 
 
-def engine(target, drafter, policy, max_batch=4, knee=6.0, max_seq_len=64):  # noqa: F811
-    return Engine(target, drafter, make_policy(policy), linear_profile(max_batch * (GAMMA + 1), knee), GAMMA,
-                  page_size=8, max_batch=max_batch, max_seq_len=max_seq_len)
+def stair_profile(max_b: int, knee: float, tile: int, jump: float) -> SPSProfile:
+    """``t(B) = 1 + B / knee + jump * floor((B - 1) / tile)``: :func:`linear_profile` with a GEMM's row tiles."""
+    sizes = tuple(range(1, max_b + 1))
+    rates = tuple(1.0 / (1.0 + b / knee + jump * ((b - 1) // tile)) for b in sizes)
+    return SPSProfile("test", "tiny-tiles", sizes, (rates,), source="modelled")
+
+
+def engine(target, drafter, policy, max_batch=4, knee=6.0, max_seq_len=64, profile=None):  # noqa: F811
+    profile = profile or linear_profile(max_batch * (GAMMA + 1), knee)
+    return Engine(target, drafter, make_policy(policy), profile, GAMMA, page_size=8, max_batch=max_batch,
+                  max_seq_len=max_seq_len)
 
 
 PROMPTS = [[1, 5, 9, 13], [1, 40], [1] + list(range(20, 45)), [1, 7, 8], [1, 60, 61]]
@@ -138,9 +146,11 @@ def test_seeds_reproduce_across_batch_compositions(target, drafter, policy):  # 
 
 def _sampled_engine(target, drafter, policy):  # noqa: F811
     """3000 requests of one prompt, 3 sampled tokens each, under a scheduled policy whose verify step is cheap
-    enough (knee 4n) that it verifies ragged lengths with many accepted and rejected drafts."""
+    enough (knee 4n) that it verifies ragged lengths with many accepted and rejected drafts. ``dspark_step`` runs on
+    the same profile with 1000-token tiles, whose steps its stop crosses (Algorithm 1 verifies nothing there)."""
     prompt, n, steps = [1, 11, 12], 3000, 3
-    eng = engine(target, drafter, policy, max_batch=n, knee=4.0 * n, max_seq_len=16)
+    tiles = stair_profile(n * (GAMMA + 1), 4.0 * n, 1000, 0.05) if policy == "dspark_step" else None
+    eng = engine(target, drafter, policy, max_batch=n, knee=4.0 * n, max_seq_len=16, profile=tiles)
     if policy == "dspark_prod":  # stale rounds of the same batch, so the live rounds take the capacity + top-K path
         for _ in range(2):
             eng.policy.choose(torch.randn(n, GAMMA), list(range(n)), 0)
@@ -148,7 +158,7 @@ def _sampled_engine(target, drafter, policy):  # noqa: F811
     return prompt, steps, [eng.requests[i].tokens for i in out["rids"]], out
 
 
-@pytest.mark.parametrize("policy", ["dspark", "dspark_prod"])
+@pytest.mark.parametrize("policy", ["dspark", "dspark_step", "dspark_prod"])
 def test_sampled_engine_is_lossless(target, drafter, policy):  # noqa: F811
     prompt, steps, tokens, out = _sampled_engine(target, drafter, policy)
     assert 0.5 < out["verified_per_round"] < GAMMA - 0.5  # the policy really chose ragged lengths
@@ -292,11 +302,18 @@ def test_algorithm1_plans_for_its_early_stop_on_a_staircase():
     mean = [0.9] + [0.0] * (GAMMA - 1)
     assert algorithm1_at_mean(mean, 2, [rates[0], *rates]) == (pytest.approx(2.0), pytest.approx(20.0))
     assert drafting_gain(mean, 2, lambda k: [rates[0], *rates]) == pytest.approx(22.8 / 20)
-    for name, drafts in (("dspark+gate", False), ("dspark_prod+gate", True)):
+    for name, drafts in (("dspark+gate", False), ("dspark_prod+gate", True), ("dspark_step+gate", True)):
         policy = make_policy(name, prior_survival=mean)
         policy.bind(steps, GAMMA, 2, flat_profile(2, 1e9))
         assert policy.drafts([0, 1], 0) is drafts, name
         assert policy.draft_width([0, 1], 0) == 1
+    # the round itself: Algorithm 1 verifies nothing, the step-aware stop crosses the step (an outlook of
+    # (2.9 + 0.9) * 6 = 22.8 > 20 tokens/s) and verifies both first drafts
+    logit = math.log(0.9 / 0.1)
+    for name, lens in (("dspark", [0, 0]), ("dspark_step", [1, 1])):
+        policy = make_policy(name)
+        policy.bind(steps, GAMMA, 2)
+        assert policy.choose(torch.full((2, 1), logit), [0, 1], 0).tolist() == lens, name
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

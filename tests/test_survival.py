@@ -58,6 +58,12 @@ def decreasing_sps(bmax: int, gen: torch.Generator) -> torch.Tensor:
     return (1.0 / t).float()
 
 
+def stair_sps(bmax: int, tile: int, jump: float = 0.4, slope: float = 0.01) -> torch.Tensor:
+    """A staircase steps/s curve, ``1 / SPS(B) = 1 + slope B + jump floor((B - 1) / tile)``: a GEMM's row tiles."""
+    b = torch.arange(bmax + 1, dtype=torch.float64).clamp(min=1)
+    return (1.0 / (1.0 + slope * b + jump * torch.div(b - 1, tile, rounding_mode="floor"))).float()
+
+
 def random_batch(r: int, gamma: int, gen: torch.Generator, quantized: bool):
     """Random ragged confidence logits (some empty requests, some zero confidences, ties when quantized)."""
     lens = torch.randint(0, gamma + 1, (r,), generator=gen)
@@ -91,9 +97,12 @@ def check_kernels_match_reference(r: int, gamma: int, quantized: bool, device: t
     n = logits.numel()
     for bmax in (r, r + n // 3, r + n + 5):  # tables ending at B = R, mid-path, and past every candidate
         sps = decreasing_sps(bmax, gen)
-        lens_ref = select_verify_lengths_alg1(ref, cu, sps, impl="torch")
-        assert torch.equal(select_verify_lengths_alg1(a, cu_dev, sps.to(device), impl="triton").cpu(), lens_ref)
-        assert bool((lens_ref <= cu[1:] - cu[:-1]).all()) and int(lens_ref.sum()) <= bmax - r
+        stairs = stair_sps(bmax, max(1, (bmax - r) // 3 + 1))
+        for table_, lookahead in ((sps, 1), (sps, n + 2), (stairs, 1), (stairs, 3), (stairs, n + 2)):
+            lens_ref = select_verify_lengths_alg1(ref, cu, table_, lookahead=lookahead, impl="torch")
+            lens_tri = select_verify_lengths_alg1(a, cu_dev, table_.to(device), lookahead=lookahead, impl="triton")
+            assert torch.equal(lens_tri.cpu(), lens_ref), lookahead
+            assert bool((lens_ref <= cu[1:] - cu[:-1]).all()) and int(lens_ref.sum()) <= bmax - r
         k_ref = capacity_unconstrained(ref, cu, sps, impl="torch")
         assert torch.equal(capacity_unconstrained(a, cu_dev, sps.to(device), impl="triton").cpu(), k_ref)
     for k in (0, 1, n // 2, n + 3):
@@ -333,6 +342,45 @@ def test_appendix_a_global_search_is_biased_alg1_is_lossless(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+def test_step_aware_stop_crosses_the_step_and_stays_lossless(impl):
+    """App. A's numbers: Algorithm 1 stops before x1 (Theta 1.8 * 0.5 = 0.9 <= 1.0), the step-aware stop admits it
+    from a1 alone (outlook (1.8 + 0.8) * 0.45 = 1.17 > 1.0, as if slot 2 survived 0.8 too), then slot 2 only when
+    it pays (2.52 * 0.45 = 1.134 after x1 = A; a2 = 0 after x1 = B). x1 is verified whatever it is, so the first
+    token follows the target, where the global search of the same table does not (the test above)."""
+    cu = cu_of([2])
+
+    def step_aware(x1):
+        return int(select_verify_lengths_alg1(live_survival(x1), cu, SPS_APP_A, lookahead=2, impl=impl)[0])
+
+    assert [step_aware(0), step_aware(1)] == [2, 1]
+    p_step, freq_step = run_rounds(step_aware)
+    assert p_step > 1e-3, freq_step
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
+    """Where ``1 / SPS(B)`` is convex in B (the random curves: flat, then growing like B^p with p >= 1) no outlook
+    beats Theta where Theta does not: any lookahead gives Algorithm 1's lengths. On a staircase it verifies at least
+    Algorithm 1's lengths, and more in some batches."""
+    gen = torch.Generator().manual_seed(5)
+    crossed = 0
+    for trial in range(40):
+        logits, cu, temps = random_batch(int(torch.randint(1, 17, (1,), generator=gen)), 7, gen, trial % 2 == 1)
+        a = prefix_survival(logits, cu, temps, impl="torch")
+        r, n = cu.numel() - 1, a.numel()
+        sps = decreasing_sps(r + n, gen)
+        plain = select_verify_lengths_alg1(a, cu, sps, impl=impl)
+        for lookahead in (2, 7, n + 1):
+            assert torch.equal(select_verify_lengths_alg1(a, cu, sps, lookahead=lookahead, impl=impl), plain)
+        stairs = stair_sps(r + n, max(r, 2))
+        step = select_verify_lengths_alg1(a, cu, stairs, lookahead=n + 1, impl=impl)
+        base = select_verify_lengths_alg1(a, cu, stairs, impl=impl)
+        assert bool((step >= base).all())
+        crossed += int(step.sum() > base.sum())
+    assert crossed >= 5
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_production_capacity_from_stale_confidences_is_lossless(impl):
     cu = cu_of([2])
     gen = torch.Generator().manual_seed(11)
@@ -529,6 +577,9 @@ def test_bad_inputs():
         select_verify_lengths_topk(a, cu, torch.tensor([-2]))
     with pytest.raises(TypeError, match="budget"):
         select_verify_lengths_topk(a, cu, 1.5)
+    for bad in (0, -3, 1.5, True, None):
+        with pytest.raises(ValueError, match="lookahead must be an int >= 1"):
+            select_verify_lengths_alg1(a, cu, sps, lookahead=bad)
     for op, first in ((select_verify_lengths_alg1, a), (capacity_unconstrained, a)):
         with pytest.raises(TypeError, match="cu_num_draft_tokens must be a torch.Tensor"):
             op(first, [0, 2, 3], sps)
@@ -562,9 +613,10 @@ def test_alg1_host_scan_equals_the_tensor_path(monkeypatch):
             sps = torch.ones(bmax + 1)  # flat: Theta steps tie exactly when a = 0
         else:
             sps = decreasing_sps(bmax, gen).float()
-        want = alg1_vectorised(a, cu, sps)
-        got = alg1_host(a, cu, sps)
-        assert got.dtype == torch.int32 and torch.equal(got, want), (rows, sps.tolist())
+        for lookahead in (1, 2, 5, 100):
+            want = alg1_vectorised(a, cu, sps, lookahead)
+            got = alg1_host(a, cu, sps, lookahead)
+            assert got.dtype == torch.int32 and torch.equal(got, want), (rows, sps.tolist(), lookahead)
         budget = torch.randint(0, a.numel() + 3, (1,), generator=gen)
         host = (ref.capacity_unconstrained_ref(a, cu, sps), ref.select_verify_lengths_topk_ref(a, cu, budget))
         monkeypatch.setattr(ref, "HOST_SLOTS", -1)  # the tensor paths

@@ -54,8 +54,9 @@ capacity comes from confidences two rounds old, SmartSpec/EMA state and the draf
 ``oracle`` reads the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
 
 Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),
-``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_prod``, ``dspark+gate``,
-``dspark_prod+gate`` (the live engine, or a replay given draft-round profiles), ``oracle`` (replay only).
+``threshold<t>`` (e.g. ``threshold0.5``), ``smartspec``, ``dspark``, ``dspark_step`` (Algorithm 1 with the
+step-aware stop), ``dspark_prod``, ``dspark+gate``, ``dspark_step+gate``, ``dspark_prod+gate`` (the live engine, or
+a replay given draft-round profiles), ``oracle`` (replay only).
 """
 
 from __future__ import annotations
@@ -77,14 +78,14 @@ from ..ops.survival import (
 if TYPE_CHECKING:  # annotations only: importing the package must not import sps (its CLI runs as __main__)
     from .sps import SPSProfile
 
-__all__ = ["DSpark", "DSparkProd", "FixedK", "Oracle", "Policy", "PolicyError", "SmartSpec", "Threshold",
+__all__ = ["DSpark", "DSparkProd", "DSparkStep", "FixedK", "Oracle", "Policy", "PolicyError", "SmartSpec", "Threshold",
            "algorithm1_at_mean", "best_common_length", "drafting_gain", "make_policy", "GATED_POLICY_NAMES",
            "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
-                "dspark_prod", "oracle")
-GATED_POLICY_NAMES = ("dspark+gate", "dspark_prod+gate")
+                "dspark_step", "dspark_prod", "oracle")
+GATED_POLICY_NAMES = ("dspark+gate", "dspark_step+gate", "dspark_prod+gate")
 
 
 def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], Sequence[float]],
@@ -467,6 +468,22 @@ class DSpark(_Confident):
         return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
+class DSparkStep(DSpark):
+    """B7s: Algorithm 1 with the step-aware stop (``select_verify_lengths_alg1(..., lookahead=N)``): a candidate
+    that does not raise Theta is still admitted while the next candidates, were they as good as it, would lift
+    Theta above the best point so far. On a staircase SPS profile (a bf16 GEMM's 16-row tiles) it crosses a step
+    the round's drafts can pay for, where Algorithm 1 stops at the step's first row; on a profile whose step time is
+    convex in B it is Algorithm 1. Its width and gate plan with the common length (:func:`best_common_length`), the
+    point its scan reaches on equal requests once it crosses the steps."""
+
+    name = "dspark_step"
+    _plan = _Confident._plan
+
+    def choose(self, conf_logits, live, step, realised=None):
+        a, cu, table = self._round_inputs(conf_logits, live, step)
+        return select_verify_lengths_alg1(a, cu, table, lookahead=table.numel(), check_inputs=False).long()
+
+
 class DSparkProd(_Confident):
     """B7p: capacity K from the survivals of two rounds ago (global search, no early stop), then the live top-K.
 
@@ -623,6 +640,8 @@ def make_policy(name: str, temperatures: torch.Tensor | None = None,
     base, gated = name.removesuffix("+gate"), name.endswith("+gate")
     if base == "dspark":
         return DSpark(temperatures, gate=gated, prior_survival=prior_survival)
+    if base == "dspark_step":
+        return DSparkStep(temperatures, gate=gated, prior_survival=prior_survival)
     if base == "dspark_prod":
         return DSparkProd(temperatures, gate=gated, prior_survival=prior_survival)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + GATED_POLICY_NAMES)}")

@@ -19,6 +19,13 @@ Semantics:
    (``l_r = j, B += 1, tau += a``); keep the point while ``tau * SPS(B) > Theta_best`` and stop at the first
    candidate that does not strictly improve. A B past the table's last entry counts as not improving (the
    scheduler never extrapolates beyond the profiled range). tau and Theta are accumulated in float64.
+   With ``lookahead = L > 1`` (the step-aware stop), a candidate ``a_k`` that does not raise Theta above the best
+   point so far is still admitted when its outlook does: ``(tau_k + m a_k) SPS(B_k + m) > Theta_best`` for some
+   ``1 <= m < L`` within the remaining candidates and the table, i.e. the next m candidates would pay if each were as
+   good as it (an upper bound: they rank after it). The scan stays where it stopped (no return to the best point).
+   On a profile whose step time ``1 / SPS(B)`` is convex in B (affine included) no outlook beats Theta where Theta
+   does not, and the result is Algorithm 1's; on a staircase (a bf16 GEMM's 16-row tiles) it crosses a step that
+   the candidates can pay for, where Algorithm 1 stops at the step's first row.
 4. Top-K: admit the first ``min(K, #candidates)`` candidates of the same order.
 5. Capacity (production): K = the number of candidates at the global argmax of Theta over the whole sorted path
    (no early stop; the first maximum on ties), computed from stale confidences.
@@ -85,9 +92,9 @@ def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr):
 
 
 @triton.jit
-def _theta_scan_kernel(A_SORTED, SPS, THETA, N, R, BMAX, BLOCK: tl.constexpr):
-    """Single program: ``THETA[k] = (R + cumsum(a)[k-1]) * SPS[R + k]`` for k = 0..N in float64, ``-inf`` where
-    the k-th candidate has a = 0 or ``R + k > BMAX``."""
+def _theta_scan_kernel(A_SORTED, SPS, THETA, TAU, N, R, BMAX, BLOCK: tl.constexpr):
+    """Single program: ``TAU[k] = R + cumsum(a)[k-1]`` and ``THETA[k] = TAU[k] * SPS[R + k]`` for k = 0..N in
+    float64, ``THETA[k] = -inf`` where the k-th candidate has a = 0 or ``R + k > BMAX``."""
     carry = tl.full((), 0.0, tl.float64)
     for off in range(0, N + 1, BLOCK):
         k = off + tl.arange(0, BLOCK)
@@ -100,17 +107,27 @@ def _theta_scan_kernel(A_SORTED, SPS, THETA, N, R, BMAX, BLOCK: tl.constexpr):
         valid = in_table & ((k == 0) | (x > 0.0))
         theta = tl.where(valid, tau * sps, float("-inf"))
         tl.store(THETA + k, theta, mask=k <= N)
+        tl.store(TAU + k, tau, mask=k <= N)
         carry = carry + tl.sum(x, 0)
 
 
 @triton.jit
-def _first_drop_kernel(THETA, COUNT, N, BLOCK: tl.constexpr):
-    """``COUNT = min k - 1`` over k in 1..N with ``THETA[k] <= THETA[k-1]`` (atomic min; COUNT starts at N)."""
+def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, COUNT, N, R, BMAX, LOOKAHEAD, BLOCK: tl.constexpr):
+    """``COUNT = min k - 1`` over the candidates k in 1..N whose outlook ``max_{m < LOOKAHEAD} (TAU[k] + m a_k)
+    SPS[R + k + m]`` (``m <= N - k``, ``R + k + m <= BMAX``, ``a_k > 0``) does not beat ``BEST[k - 1]``, the best
+    Theta before them (atomic min; COUNT starts at N). ``m = 0`` is Theta itself; LOOKAHEAD 1 is Algorithm 1."""
     k = 1 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = k <= N
-    cur = tl.load(THETA + k, mask=ok, other=0.0)
-    prev = tl.load(THETA + k - 1, mask=ok, other=0.0)
-    drop = ok & ~(cur > prev)
+    a = tl.load(A_SORTED + k - 1, mask=ok, other=0.0).to(tl.float64)
+    tau = tl.load(TAU + k, mask=ok, other=0.0)
+    best = tl.load(BEST + k - 1, mask=ok, other=0.0)
+    outlook = tl.full((BLOCK,), float("-inf"), tl.float64)
+    for m in range(0, LOOKAHEAD):
+        batch = R + k + m
+        valid = ok & (a > 0.0) & (batch <= BMAX) & (k + m <= N)
+        sps = tl.load(SPS + batch, mask=valid, other=1.0)
+        outlook = tl.where(valid, tl.maximum(outlook, (tau + m * a) * sps), outlook)
+    drop = ok & ~(outlook > best)
     first = tl.min(tl.where(drop, k - 1, N), 0).to(tl.int32)
     tl.atomic_min(COUNT, first)
 
@@ -146,16 +163,19 @@ def prefix_survival_triton(
     return out
 
 
-def _theta_path_triton(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tensor) -> torch.Tensor:
-    """Triton twin of :func:`theta_path`: the float64 Theta along the sorted order, ``[N + 1]``."""
+def _theta_path_triton(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton twin of :func:`theta_path` and :func:`tau_path`: the float64 Theta and tau along the sorted order,
+    ``[N + 1]`` each."""
     n = a_sorted.numel()
     theta = torch.empty(n + 1, dtype=torch.float64, device=a_sorted.device)
+    tau = torch.empty_like(theta)
     cfg = _scan_config(a_sorted.device)
     _theta_scan_kernel[(1,)](
-        a_sorted, sps_table.double().contiguous(), theta, n, num_requests, sps_table.numel() - 1, BLOCK=cfg["BLOCK"],
-        num_warps=cfg["num_warps"],
+        a_sorted, sps_table.double().contiguous(), theta, tau, n, num_requests, sps_table.numel() - 1,
+        BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
     )
-    return theta
+    return theta, tau
 
 
 def _scan_config(device: torch.device) -> dict[str, int]:
@@ -175,18 +195,22 @@ def _scatter_lengths_triton(count: torch.Tensor, ordered: tuple[torch.Tensor, ..
 
 
 def select_verify_lengths_alg1_triton(
-    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor
+    survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor, lookahead: int = 1
 ) -> torch.Tensor:
-    """Sort (torch), Theta scan, first non-improvement and scatter (Triton); same contract as the reference."""
+    """Sort (torch), Theta scan, its running max (torch), first drop and scatter (Triton); same contract as the
+    reference. The first-drop kernel runs ``min(lookahead, N)`` outlook terms per candidate."""
     r = cu_num_draft_tokens.numel() - 1
     ordered = candidate_order(survival, cu_num_draft_tokens)
     n = survival.numel()
     count = torch.full((1,), n, dtype=torch.int32, device=survival.device)
     if n and r:
-        theta = _theta_path_triton(ordered[0], r, sps_table)
+        table = sps_table.double().contiguous()
+        theta, tau = _theta_path_triton(ordered[0], r, table)
+        best = torch.cummax(theta, 0).values
         cfg = _scan_config(survival.device)
-        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](theta, count, n, BLOCK=cfg["BLOCK"],
-                                                             num_warps=cfg["num_warps"])
+        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table, count, n, r,
+                                                             table.numel() - 1, min(lookahead, n),
+                                                             BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
     return _scatter_lengths_triton(count, ordered, r)
 
 
@@ -290,6 +314,7 @@ def select_verify_lengths_alg1(
     cu_num_draft_tokens: torch.Tensor,
     sps_table: torch.Tensor,
     *,
+    lookahead: int = 1,
     impl: str | None = None,
     check_inputs: bool = True,
 ) -> torch.Tensor:
@@ -297,7 +322,12 @@ def select_verify_lengths_alg1(
 
     The early stop is what keeps decoding lossless (App. A): whether slot (r, j) is admitted depends only on
     candidates ranked before it, never on a[r, j+1] (which depends on the sampled token x[r, j]).
+    ``lookahead`` (int >= 1; 1 is the paper's Algorithm 1) turns on the step-aware stop (semantics 3): slot (r, j)'s
+    outlook reads its own survival, the candidates before it and the number of slots N, so it stays a stopping rule
+    and decoding stays lossless. Costs ``min(lookahead, N)`` terms per candidate on the tensor and Triton paths.
     """
+    if not is_int(lookahead) or lookahead < 1:
+        raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
     if check_inputs:
         _validate_survival("survival", survival, cu_num_draft_tokens)
         _validate_sps_table(sps_table, cu_num_draft_tokens.numel() - 1, survival.device)
@@ -305,8 +335,8 @@ def select_verify_lengths_alg1(
     if r == 0:
         return torch.zeros(0, dtype=torch.int32, device=survival.device)
     if resolve_impl(impl, survival.device) == "triton":
-        return select_verify_lengths_alg1_triton(survival, cu_num_draft_tokens, sps_table)
-    return select_verify_lengths_alg1_ref(survival, cu_num_draft_tokens, sps_table)
+        return select_verify_lengths_alg1_triton(survival, cu_num_draft_tokens, sps_table, lookahead)
+    return select_verify_lengths_alg1_ref(survival, cu_num_draft_tokens, sps_table, lookahead)
 
 
 def select_verify_lengths_topk(
@@ -361,5 +391,5 @@ def capacity_unconstrained(
         return torch.zeros(1, dtype=torch.int64, device=survival_stale.device)
     if resolve_impl(impl, survival_stale.device) == "triton":
         a_sorted, _, _ = candidate_order(survival_stale, cu_stale)
-        return _theta_path_triton(a_sorted, r, sps_table).argmax().reshape(1)
+        return _theta_path_triton(a_sorted, r, sps_table)[0].argmax().reshape(1)
     return capacity_unconstrained_ref(survival_stale, cu_stale, sps_table)
