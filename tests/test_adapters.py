@@ -92,6 +92,9 @@ def test_sglang_schedule_alg1_equals_ragged_ops():
     cu = torch.arange(bs + 1, dtype=torch.int32) * gamma
     want = select_verify_lengths_alg1(prefix_survival(conf.reshape(-1), cu), cu, sps)
     assert torch.equal(schedule_verify_lens_alg1(conf, sps), want)
+    stairs = sps / (1 + 0.3 * (torch.arange(64) // 8))  # 8-token tiles: the step-aware stop
+    want = select_verify_lengths_alg1(prefix_survival(conf.reshape(-1), cu), cu, stairs, lookahead=bs * gamma)
+    assert torch.equal(schedule_verify_lens_alg1(conf, stairs, lookahead=bs * gamma), want)
 
 
 def test_pack_verified_drafts():

@@ -69,15 +69,17 @@ def schedule_verify_lens_alg1(
     sps_table: torch.Tensor,
     position_temperatures: torch.Tensor | None = None,
     *,
+    lookahead: int = 1,
     impl: str | None = None,
     check_inputs: bool = True,
 ) -> torch.Tensor:
     """Verify lengths ``[bs]`` int32 by DSpark Algorithm 1 against the engine's SPS table ``[Bmax + 1]`` (steps/s at
-    a verify batch of B tokens), from dense confidence logits ``[bs, gamma]``."""
+    a verify batch of B tokens), from dense confidence logits ``[bs, gamma]``. ``lookahead > 1``: the step-aware
+    stop (``select_verify_lengths_alg1``), for a table with steps (``bs * gamma`` crosses them all)."""
     cu = _dense_offsets(confidence_logits)
     a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
                         check_inputs=check_inputs)
-    return select_verify_lengths_alg1(a, cu, sps_table, impl=impl, check_inputs=check_inputs)
+    return select_verify_lengths_alg1(a, cu, sps_table, lookahead=lookahead, impl=impl, check_inputs=check_inputs)
 
 
 def pack_verified_drafts(
