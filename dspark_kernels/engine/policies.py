@@ -21,19 +21,19 @@ draft, verify length 0). ``none`` never drafts. When it drafts, ``policy.draft_w
 (1..gamma) the drafter fills for every live request, and ``choose`` gets ``conf_logits [R, width]``: a fixed-k policy
 drafts its ``k`` (what a fixed-k engine does; a sequential draft head pays for every slot), SmartSpec its batch ``k``,
 and the DSpark policies a width planned at the running mean of their calibrated survival (the first round drafts
-``gamma`` unless a prior gives the mean): the production variant the common drafting length that the cost model rates
-best (:func:`best_common_length`), Algorithm 1 the width at which its own scan, run on live requests that all have the
-mean survival, expects the most tokens/s (:func:`algorithm1_at_mean`; its early stop may refuse the first token past
-a step of a staircase profile, which a common length would not see), within which it shares the verify budget out per
-request. Each round's choice reads its drafted width's cost (the slots are drafted by then); the width is where the
-draft's cost is decided (a draft slot of one request costs 0.19 ms on this repository's CPU, a verified token 0.05 ms).
-The width depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays a per-request policy. The gated
-DSpark policies (``dspark+gate``, ``dspark_prod+gate``) draft only when drafting is expected to pay: the round's rate
-with the draft round of the live requests included against the target's plain rate, with the expected accepted length
-from the running mean of the calibrated survival of earlier drafted rounds at the width they plan (:func:`drafting_gain`
-> 1; for Algorithm 1 the rate where its scan stops). That mean starts from a prior when one is given
-(``prior_survival``: the drafter's held-out mean survival from its calibration), else from the first round, which then
-drafts to measure it.
+``gamma`` unless a prior gives the mean): the production variant and ``dspark_step`` the common drafting length that
+the cost model rates best (:func:`best_common_length`), Algorithm 1 the width at which its own scan, run on live
+requests that all have the mean survival, expects the most tokens/s (:func:`algorithm1_at_mean`; its early stop may
+refuse the first token past a step of a staircase profile, which a common length would not see), within which it
+shares the verify budget out per request. Each round's choice reads its drafted width's cost (the slots are drafted by
+then); the width is where the draft's cost is decided (a draft slot of one request costs 0.19 ms on this repository's
+CPU, a verified token 0.05 ms). The width depends on earlier rounds only. The threshold rule drafts ``gamma``: it stays
+a per-request policy. The gated DSpark policies (``dspark+gate``, ``dspark_step+gate``, ``dspark_prod+gate``) draft only
+when drafting is expected to pay: the round's rate with the draft round of the live requests included against the
+target's plain rate, with the expected accepted length from the running mean of the calibrated survival of earlier
+drafted rounds at the width they plan (:func:`drafting_gain` > 1; for Algorithm 1 the rate where its scan stops). That
+mean starts from a prior when one is given (``prior_survival``: the drafter's held-out mean survival from its
+calibration), else from the first round, which then drafts to measure it.
 While the gate is closed it still probes (drafts) after ``GATE_PROBE`` steps to refresh the mean, doubling the wait
 after each unprofitable probe up to ``GATE_PROBE_MAX``, and waiting ``GATE_PROBE_MAX`` at once while not even the best
 outcome of the next probe could open it (every drafted position surviving, folded into the mean at the weight the
@@ -49,8 +49,10 @@ gate stays open; where drafting costs about a decode step (this repository's CPU
 falling below plain decoding.
 
 Lossless policies only look at information available before the draft they decide on is verified: confidences
-``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot, the production
-capacity comes from confidences two rounds old, SmartSpec/EMA state and the draft gate come from earlier rounds.
+``c_j`` depend on the drafts before ``j`` only, Algorithm 1 stops at the first non-improving slot (the step-aware
+stop at the first whose outlook, read from its own survival and the slots ranked before it, does not improve), the
+production capacity comes from confidences two rounds old, SmartSpec/EMA state and the draft gate come from earlier
+rounds.
 ``oracle`` reads the realised accepted count (``choose(..., realised=...)``): it is for the replay simulator only.
 
 Names (:func:`make_policy`): ``none``, ``mtp1``, ``fixed<k>`` (k in 1, 3, 5, 7, 15, capped at gamma),

@@ -324,7 +324,9 @@ def select_verify_lengths_alg1(
     candidates ranked before it, never on a[r, j+1] (which depends on the sampled token x[r, j]).
     ``lookahead`` (int >= 1; 1 is the paper's Algorithm 1) turns on the step-aware stop (semantics 3): slot (r, j)'s
     outlook reads its own survival, the candidates before it and the number of slots N, so it stays a stopping rule
-    and decoding stays lossless. Costs ``min(lookahead, N)`` terms per candidate on the tensor and Triton paths.
+    and decoding stays lossless. Costs ``min(lookahead, N)`` terms per candidate on the tensor and Triton paths (the
+    first-drop kernel's serial depth): with thousands of slots on a GPU, pass the width of the profile's widest step
+    (its GEMM tile's rows) rather than N. The host scan only looks ahead at a candidate that does not raise Theta.
     """
     if not is_int(lookahead) or lookahead < 1:
         raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
