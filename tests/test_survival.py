@@ -357,6 +357,42 @@ def test_step_aware_stop_crosses_the_step_and_stays_lossless(impl):
     assert p_step > 1e-3, freq_step
 
 
+def admitted_after_lowering_the_tail(select, rows, sps, r, j, factor):
+    """Whether slot j (0-based) of request r is admitted, with the survivals of r's later slots scaled by ``factor``
+    (<= 1: they stay non-increasing and rank after slot j)."""
+    rows = [list(row) for row in rows]
+    rows[r][j + 1:] = [x * factor for x in rows[r][j + 1:]]
+    a, cu = survival_of(rows)
+    return bool(select(a, cu, sps)[r] > j)
+
+
+def test_whether_a_slot_is_verified_never_reads_the_slots_after_it():
+    """The stopping-rule property behind losslessness, checked directly: lowering the survivals of request r's slots
+    after j (which depend on the sampled x[r, j]) never changes whether slot j is verified, for Algorithm 1 and the
+    step-aware stop on staircase and random tables. The same check catches the global search (capacity over the
+    live survivals, then top-K)."""
+    gen = torch.Generator().manual_seed(17)
+    rules = {
+        "alg1": lambda a, cu, sps: select_verify_lengths_alg1(a, cu, sps),
+        "step": lambda a, cu, sps: select_verify_lengths_alg1(a, cu, sps, lookahead=a.numel()),
+        "global": lambda a, cu, sps: select_verify_lengths_topk(a, cu, capacity_unconstrained(a, cu, sps)),
+    }
+    changed = dict.fromkeys(rules, 0)
+    for trial in range(60):
+        r_count = int(torch.randint(1, 5, (1,), generator=gen))
+        rows = [(torch.rand(5, generator=gen) ** 0.4).cumprod(0).tolist() for _ in range(r_count)]
+        bmax = r_count * 6
+        sps = stair_sps(bmax, max(2, r_count)) if trial % 2 else decreasing_sps(bmax, gen)
+        for name, select in rules.items():
+            for r in range(r_count):
+                for j in range(4):
+                    base = admitted_after_lowering_the_tail(select, rows, sps, r, j, 1.0)
+                    for factor in (0.5, 0.05, 0.0):
+                        changed[name] += admitted_after_lowering_the_tail(select, rows, sps, r, j, factor) != base
+    assert changed["alg1"] == 0 and changed["step"] == 0, changed
+    assert changed["global"] > 0, changed
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
     """Where ``1 / SPS(B)`` is convex in B (the random curves: flat, then growing like B^p with p >= 1) no outlook
