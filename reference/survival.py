@@ -178,16 +178,23 @@ def _host_order(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor) -> tu
     return r, sorted((-a[i], i - cu[q], q) for q in range(r) for i in range(cu[q], cu[q + 1]))
 
 
-def _host_thetas(order: list[tuple[float, int, int]], r: int, sps_table: torch.Tensor):
-    """:func:`theta_path` on the host, lazily: ``theta_k`` for k = 0..N (``-inf`` for a zero survival or past the
-    table), the running sum in float64 in the sorted order as ``cumsum`` adds it."""
-    bmax = sps_table.numel() - 1
-    table = sps_table[: min(bmax, r + len(order)) + 1].double().tolist()
-    yield r * table[r] if r <= bmax else float("-inf")
+def _host_table(sps_table: torch.Tensor, r: int, n: int) -> list[float]:
+    """The SPS table up to ``B = min(Bmax, R + N)`` as float64 host values (a scan of N candidates reads no further;
+    ``len - 1`` is the last B it may admit)."""
+    return sps_table[: min(sps_table.numel() - 1, r + n) + 1].double().tolist()
+
+
+def _host_path(order: list[tuple[float, int, int]], r: int, table: list[float]):
+    """:func:`tau_path` and :func:`theta_path` on the host, lazily: ``(tau_k, theta_k)`` for k = 0..N (theta ``-inf``
+    for a zero survival or past ``table``, from :func:`_host_table`), the running sum in float64 in the sorted order
+    as ``cumsum`` adds it."""
+    last = len(table) - 1
+    yield float(r), r * table[r] if r <= last else float("-inf")
     total = 0.0
     for k, (neg_a, _, _) in enumerate(order, 1):
         total += -neg_a
-        yield (r + total) * table[r + k] if neg_a < 0 and r + k <= bmax else float("-inf")
+        tau = r + total
+        yield tau, tau * table[r + k] if neg_a < 0 and r + k <= last else float("-inf")
 
 
 def _host_lengths(order: list[tuple[float, int, int]], count: int, r: int) -> torch.Tensor:
@@ -208,15 +215,12 @@ def alg1_host(survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_tab
     is admitted while its outlook (Theta, and with ``lookahead > 1`` the terms of :func:`projected_theta`, tried only
     when Theta alone does not beat the best so far) beats the best Theta before it; ``[R]`` int32 on the CPU."""
     r, order = _host_order(survival, cu_num_draft_tokens)
-    n, bmax = len(order), sps_table.numel() - 1
-    table = sps_table[: min(bmax, r + n) + 1].double().tolist()
-    thetas = _host_thetas(order, r, sps_table)
-    best, count, total = next(thetas), 0, 0.0
-    for k, theta in enumerate(thetas, 1):
-        a = -order[k - 1][0]
-        total += a
+    n, table = len(order), _host_table(sps_table, r, len(order))
+    path = _host_path(order, r, table)
+    best, count = next(path)[1], 0
+    for k, (tau, theta) in enumerate(path, 1):
         if not theta > best:
-            tau, span = r + total, min(lookahead, n - k + 1, bmax - r - k + 1)
+            a, span = -order[k - 1][0], min(lookahead, n - k + 1, len(table) - r - k)
             if a <= 0 or not any((tau + m * a) * table[r + k + m] > best for m in range(1, span)):
                 break
         best, count = max(best, theta), count + 1
@@ -233,7 +237,7 @@ def capacity_host(survival_stale: torch.Tensor, cu_stale: torch.Tensor, sps_tabl
     """:func:`capacity_unconstrained_ref`'s tensor path as a host scan, bit for bit: the first k maximising Theta
     over the whole sorted path; ``[1]`` int64 on the CPU."""
     r, order = _host_order(survival_stale, cu_stale)
-    thetas = list(_host_thetas(order, r, sps_table))
+    thetas = [theta for _, theta in _host_path(order, r, _host_table(sps_table, r, len(order)))]
     return torch.tensor([thetas.index(max(thetas))], dtype=torch.int64)
 
 

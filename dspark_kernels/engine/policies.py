@@ -470,7 +470,7 @@ class DSpark(_Confident):
         return select_verify_lengths_alg1(a, cu, table, check_inputs=False).long()
 
 
-class DSparkStep(DSpark):
+class DSparkStep(_Confident):
     """B7s: Algorithm 1 with the step-aware stop (``select_verify_lengths_alg1(..., lookahead=N)``): a candidate
     that does not raise Theta is still admitted while the next candidates, were they as good as it, would lift
     Theta above the best point so far. On a staircase SPS profile (a bf16 GEMM's 16-row tiles) it crosses a step
@@ -479,7 +479,6 @@ class DSparkStep(DSpark):
     point its scan reaches on equal requests once it crosses the steps."""
 
     name = "dspark_step"
-    _plan = _Confident._plan
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
