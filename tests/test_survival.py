@@ -29,6 +29,7 @@ from dspark_kernels.reference.survival import (
     candidate_order,
     prefix_survival_ragged,
     prefix_survival_ref,
+    run_ends,
     theta_path,
 )
 
@@ -62,6 +63,12 @@ def stair_sps(bmax: int, tile: int, jump: float = 0.4, slope: float = 0.01) -> t
     """A staircase steps/s curve, ``1 / SPS(B) = 1 + slope B + jump floor((B - 1) / tile)``: a GEMM's row tiles."""
     b = torch.arange(bmax + 1, dtype=torch.float64).clamp(min=1)
     return (1.0 / (1.0 + slope * b + jump * torch.div(b - 1, tile, rounding_mode="floor"))).float()
+
+
+def flat_runs_sps(bmax: int, gen: torch.Generator) -> torch.Tensor:
+    """A non-increasing steps/s curve of flat runs of random widths (a fitted profile pools its noise into runs)."""
+    levels = torch.randint(1, max(2, bmax // 3), (bmax + 1,), generator=gen).sort(descending=True).values
+    return (levels.double() / 7.0).float()
 
 
 def random_batch(r: int, gamma: int, gen: torch.Generator, quantized: bool):
@@ -98,7 +105,10 @@ def check_kernels_match_reference(r: int, gamma: int, quantized: bool, device: t
     for bmax in (r, r + n // 3, r + n + 5):  # tables ending at B = R, mid-path, and past every candidate
         sps = decreasing_sps(bmax, gen)
         stairs = stair_sps(bmax, max(1, (bmax - r) // 3 + 1))
-        for table_, lookahead in ((sps, 1), (sps, n + 2), (stairs, 1), (stairs, 3), (stairs, n + 2)):
+        steps = stair_sps(bmax, max(1, (bmax - r) // 3 + 1), slope=0.0)
+        runs = flat_runs_sps(bmax, gen)
+        for table_, lookahead in ((sps, 1), (sps, n + 2), (stairs, 1), (stairs, 3), (stairs, n + 2), (steps, 2),
+                                  (steps, n + 2), (runs, 4), (runs, n + 2)):
             lens_ref = select_verify_lengths_alg1(ref, cu, table_, lookahead=lookahead, impl="torch")
             lens_tri = select_verify_lengths_alg1(a, cu_dev, table_.to(device), lookahead=lookahead, impl="triton")
             assert torch.equal(lens_tri.cpu(), lens_ref), lookahead
@@ -414,6 +424,34 @@ def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
         assert bool((step >= base).all())
         crossed += int(step.sum() > base.sum())
     assert crossed >= 5
+
+
+def test_run_ends_hand_worked():
+    """Each B's run of equal steps/s ends where the value next changes (or at the table's last entry)."""
+    sps = torch.tensor([9.0, 5.0, 5.0, 5.0, 4.0, 3.0, 3.0, 2.0], dtype=torch.float64)
+    assert run_ends(sps).tolist() == [0, 3, 3, 3, 4, 6, 6, 7]
+    assert run_ends(torch.ones(4)).tolist() == [3, 3, 3, 3]
+    assert run_ends(torch.ones(1)).tolist() == [0]
+
+
+def test_first_drop_kernel_visits_run_ends_bit_for_bit():
+    """The first-drop kernel (visiting only run ends, stopping a lane at its first beating term) against the tensor
+    path's every-term outlook, on tables of flat runs where the outlook decides: runs that a candidate crosses,
+    windows that end inside a run, tables that end before the last candidate."""
+    gen = torch.Generator().manual_seed(11)
+    crossed = 0
+    for trial in range(60):
+        logits, cu, temps = random_batch(int(torch.randint(1, 13, (1,), generator=gen)), 7, gen, trial % 3 == 0)
+        a = prefix_survival(logits, cu, temps, impl="torch")
+        r, n = cu.numel() - 1, a.numel()
+        sps = flat_runs_sps(r + n + int(torch.randint(-n // 2, 3, (1,), generator=gen)), gen)
+        base = alg1_vectorised(a, cu, sps, 1)
+        for lookahead in (2, 5, n + 1):
+            want = alg1_vectorised(a, cu, sps, lookahead)
+            got = select_verify_lengths_alg1(a, cu, sps, lookahead=lookahead, impl="triton")
+            assert torch.equal(got, want), (trial, lookahead)
+        crossed += int(want.sum() > base.sum())
+    assert crossed >= 10
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -45,6 +45,7 @@ from ..reference.survival import (
     candidate_order,
     capacity_unconstrained_ref,
     prefix_survival_ref,
+    run_ends,
     select_verify_lengths_alg1_ref,
     select_verify_lengths_topk_ref,
     slot_maps,
@@ -112,22 +113,36 @@ def _theta_scan_kernel(A_SORTED, SPS, THETA, TAU, N, R, BMAX, BLOCK: tl.constexp
 
 
 @triton.jit
-def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, COUNT, N, R, BMAX, LOOKAHEAD, BLOCK: tl.constexpr):
+def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_END, COUNT, N, R, BMAX, LOOKAHEAD, STEP_AWARE: tl.constexpr,
+                       BLOCK: tl.constexpr):
     """``COUNT = min k - 1`` over the candidates k in 1..N whose outlook ``max_{m < LOOKAHEAD} (TAU[k] + m a_k)
     SPS[R + k + m]`` (``m <= N - k``, ``R + k + m <= BMAX``, ``a_k > 0``) does not beat ``BEST[k - 1]``, the best
-    Theta before them (atomic min; COUNT starts at N). ``m = 0`` is Theta itself; LOOKAHEAD 1 is Algorithm 1."""
+    Theta before them (atomic min; COUNT starts at N). ``m = 0`` is Theta itself; LOOKAHEAD 1 is Algorithm 1.
+
+    A term never falls along a run of equal SPS, so with STEP_AWARE (LOOKAHEAD > 1) each lane visits only the run
+    ends ``RUN_END`` (:func:`run_ends`) inside its window ``[R + k, last]`` and the window's last B, and stops at its
+    first term that beats BEST: the loop runs as many times as the block's busiest lane has runs to visit, not
+    LOOKAHEAD times. Without it the window is ``R + k`` alone and RUN_END is not read."""
     k = 1 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = k <= N
     a = tl.load(A_SORTED + k - 1, mask=ok, other=0.0).to(tl.float64)
     tau = tl.load(TAU + k, mask=ok, other=0.0)
     best = tl.load(BEST + k - 1, mask=ok, other=0.0)
-    outlook = tl.full((BLOCK,), float("-inf"), tl.float64)
-    for m in range(0, LOOKAHEAD):
-        batch = R + k + m
-        valid = ok & (a > 0.0) & (batch <= BMAX) & (k + m <= N)
-        sps = tl.load(SPS + batch, mask=valid, other=1.0)
-        outlook = tl.where(valid, tl.maximum(outlook, (tau + m * a) * sps), outlook)
-    drop = ok & ~(outlook > best)
+    first_b = (R + k).to(tl.int64)
+    last_b = tl.minimum(tl.minimum(first_b + LOOKAHEAD - 1, R + N), BMAX).to(tl.int64)
+    b = first_b
+    beats = tl.zeros((BLOCK,), dtype=tl.int1)
+    busy = ok & (a > 0.0) & (b <= last_b)
+    while tl.max(busy.to(tl.int32), 0) > 0:
+        if STEP_AWARE:
+            end = tl.minimum(tl.load(RUN_END + b, mask=busy, other=0), last_b)
+        else:
+            end = b
+        sps = tl.load(SPS + end, mask=busy, other=1.0)
+        beats = beats | (busy & ((tau + (end - first_b) * a) * sps > best))
+        b = end + 1
+        busy = busy & ~beats & (b <= last_b)
+    drop = ok & ~beats
     first = tl.min(tl.where(drop, k - 1, N), 0).to(tl.int32)
     tl.atomic_min(COUNT, first)
 
@@ -198,7 +213,8 @@ def select_verify_lengths_alg1_triton(
     survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor, lookahead: int = 1
 ) -> torch.Tensor:
     """Sort (torch), Theta scan, its running max (torch), first drop and scatter (Triton); same contract as the
-    reference. The first-drop kernel runs ``min(lookahead, N)`` outlook terms per candidate."""
+    reference. The first-drop kernel visits, per candidate, the ends of the table's runs of equal SPS inside its
+    outlook window of ``min(lookahead, N)`` terms, and stops at the first that beats the best Theta."""
     r = cu_num_draft_tokens.numel() - 1
     ordered = candidate_order(survival, cu_num_draft_tokens)
     n = survival.numel()
@@ -208,9 +224,13 @@ def select_verify_lengths_alg1_triton(
         theta, tau = _theta_path_triton(ordered[0], r, table)
         best = torch.cummax(theta, 0).values
         cfg = _scan_config(survival.device)
-        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table, count, n, r,
-                                                             table.numel() - 1, min(lookahead, n),
-                                                             BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"])
+        step_aware = lookahead > 1
+        # no FMA contraction: an outlook term rounds tau + m a and then the product, as the reference's does
+        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table,
+                                                             run_ends(table) if step_aware else count, count, n, r,
+                                                             table.numel() - 1, min(lookahead, n), step_aware,
+                                                             BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
+                                                             enable_fp_fusion=False)
     return _scatter_lengths_triton(count, ordered, r)
 
 
@@ -324,9 +344,12 @@ def select_verify_lengths_alg1(
     candidates ranked before it, never on a[r, j+1] (which depends on the sampled token x[r, j]).
     ``lookahead`` (int >= 1; 1 is the paper's Algorithm 1) turns on the step-aware stop (semantics 3): slot (r, j)'s
     outlook reads its own survival, the candidates before it and the number of slots N, so it stays a stopping rule
-    and decoding stays lossless. Costs ``min(lookahead, N)`` terms per candidate on the tensor and Triton paths (the
-    first-drop kernel's serial depth): with thousands of slots on a GPU, pass the width of the profile's widest step
-    (its GEMM tile's rows) rather than N. The host scan only looks ahead at a candidate that does not raise Theta.
+    and decoding stays lossless. The tensor path evaluates ``min(lookahead, N)`` terms per candidate. The first-drop
+    kernel visits only the ends of the table's runs of equal SPS inside each window and stops a lane at its first
+    term that beats the best Theta, so its serial depth is the number of runs in the busiest window: small on a
+    fitted, tile-stepped profile, up to ``min(lookahead, N)`` on a strictly falling one (where, if step time is
+    convex, lookahead 1 gives the same lengths). The host scan only looks ahead at a candidate that does not raise
+    Theta.
     """
     if not is_int(lookahead) or lookahead < 1:
         raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
