@@ -101,12 +101,12 @@ def theta_path(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tenso
 
 def run_ends(sps_table: torch.Tensor) -> torch.Tensor:
     """For every B of the table, the last B' >= B with ``SPS(B'') == SPS(B)`` for all B'' in ``[B, B']``: the end of
-    B's run of equal steps/s; ``[Bmax + 1]`` int64. An outlook term ``(tau + m a) SPS(B + m)`` with ``a > 0`` never
+    B's run of equal steps/s; ``[Bmax + 1]`` int32. An outlook term ``(tau + m a) SPS(B + m)`` with ``a > 0`` never
     falls along a run (float64 rounding is monotone), so its maximum over a window of B is taken at a run's end or
     at the window's last B: the first-drop kernel visits those alone (a fitted, non-increasing profile pools its
     noise into flat runs, and a GEMM's tiles are steps)."""
     n = sps_table.numel()
-    idx = torch.arange(n, device=sps_table.device)
+    idx = torch.arange(n, dtype=torch.int32, device=sps_table.device)
     is_end = torch.ones(n, dtype=torch.bool, device=sps_table.device)
     is_end[:-1] = sps_table[1:] != sps_table[:-1]
     ends = torch.where(is_end, idx, n)

@@ -128,20 +128,20 @@ def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_END, COUNT, N, R, BMAX, LOO
     a = tl.load(A_SORTED + k - 1, mask=ok, other=0.0).to(tl.float64)
     tau = tl.load(TAU + k, mask=ok, other=0.0)
     best = tl.load(BEST + k - 1, mask=ok, other=0.0)
-    first_b = (R + k).to(tl.int64)
-    last_b = tl.minimum(tl.minimum(first_b + LOOKAHEAD - 1, R + N), BMAX).to(tl.int64)
-    b = first_b
-    beats = tl.zeros((BLOCK,), dtype=tl.int1)
-    busy = ok & (a > 0.0) & (b <= last_b)
-    while tl.max(busy.to(tl.int32), 0) > 0:
-        if STEP_AWARE:
+    first_b = R + k
+    busy = ok & (a > 0.0) & (first_b <= BMAX)
+    if STEP_AWARE:
+        last_b = tl.minimum(tl.minimum(first_b + LOOKAHEAD - 1, R + N), BMAX)
+        b = first_b
+        beats = tl.zeros((BLOCK,), dtype=tl.int1)
+        while tl.max(busy.to(tl.int32), 0) > 0:
             end = tl.minimum(tl.load(RUN_END + b, mask=busy, other=0), last_b)
-        else:
-            end = b
-        sps = tl.load(SPS + end, mask=busy, other=1.0)
-        beats = beats | (busy & ((tau + (end - first_b) * a) * sps > best))
-        b = end + 1
-        busy = busy & ~beats & (b <= last_b)
+            sps = tl.load(SPS + end, mask=busy, other=1.0)
+            beats = beats | (busy & ((tau + (end - first_b) * a) * sps > best))
+            b = end + 1
+            busy = busy & ~beats & (b <= last_b)
+    else:
+        beats = busy & (tau * tl.load(SPS + first_b, mask=busy, other=1.0) > best)
     drop = ok & ~beats
     first = tl.min(tl.where(drop, k - 1, N), 0).to(tl.int32)
     tl.atomic_min(COUNT, first)
