@@ -6,9 +6,9 @@ slots) and Triton on CUDA.
 Shapes: R in {1, 8, 64, 256} requests (1, 64, 256 on CUDA), gamma = 16 draft slots each (N = 16 R). Bytes ~ the
 [N] float32 logits read, survival written, the sort's key/index traffic and the three scan passes (~ 16 N * 4);
 FLOPs ~ N log2 N (the sort); ``step`` adds the outlook of every candidate, at most N terms of 3 FLOPs each over an
-SPS table that stays in cache (3 N^2 FLOPs, an upper bound: the first-drop kernel visits only the ends of the table's
-runs of equal SPS in each window and stops a candidate at its first beating term), the first-drop kernel's tau and
-best reads (16 N bytes) and the run-end table, written once and read (16 (Bmax + 1) bytes). Every record
+SPS table that stays in cache (3 N^2 FLOPs, an upper bound: the first-drop kernel takes one term per run of equal
+SPS in each window), the first-drop kernel's tau and best reads (16 N bytes) and the run tables, written once and
+read (32 (Bmax + 1) bytes). Every record
 carries ``scheduler_s`` (median seconds per schedule) and, against a modelled target step (H200 roofline, 8e9
 parameters, a verify batch of R (1 + gamma) tokens), ``pct_of_target_step``: the DSpark goal is a scheduler cost
 below 1% of a target step at R = 256, gamma = 16.
@@ -56,7 +56,7 @@ def _run(benchmark, device, r, impl, scheme="alg1"):
     record(
         benchmark,
         shapes={"R": r, "gamma": GAMMA, "N": n, "scheme": scheme},
-        bytes_moved=16.0 * n * 4 + (16.0 * n + 16.0 * sps.numel() if scheme == "step" else 0.0),
+        bytes_moved=16.0 * n * 4 + (16.0 * n + 32.0 * sps.numel() if scheme == "step" else 0.0),
         flops=n * math.log2(max(n, 2)) + (3.0 * n * n if scheme == "step" else 0.0),
         impl=impl,
     )

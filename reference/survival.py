@@ -99,18 +99,25 @@ def theta_path(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tenso
     return torch.where(positive & (batch <= bmax), tau * sps, float("-inf"))
 
 
-def run_ends(sps_table: torch.Tensor) -> torch.Tensor:
-    """For every B of the table, the last B' >= B with ``SPS(B'') == SPS(B)`` for all B'' in ``[B, B']``: the end of
-    B's run of equal steps/s; ``[Bmax + 1]`` int32. An outlook term ``(tau + m a) SPS(B + m)`` with ``a > 0`` never
-    falls along a run (float64 rounding is monotone), so its maximum over a window of B is taken at a run's end or
-    at the window's last B: the first-drop kernel visits those alone (a fitted, non-increasing profile pools its
-    noise into flat runs, and a GEMM's tiles are steps)."""
+def sps_runs(sps_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The table's runs of equal steps/s, numbered from 0 along B: ``run_index [Bmax + 1]`` int32 (B's run),
+    ``run_end [Bmax + 1]`` int32 (run i's last B) and ``run_sps [Bmax + 1]`` float64 (run i's SPS); entries past
+    the last run are unused. No host synchronisation.
+
+    An outlook term ``(tau + m a) SPS(B + m)`` with ``a > 0`` never falls along a run (float64 rounding is
+    monotone), so its maximum over a window of B is taken at the end of a run, or at the window's last B, which
+    shares its run's SPS: the first-drop kernel visits the runs of each window alone. A fitted, non-increasing
+    profile pools its measurement noise into flat runs, and a GEMM's tiles make steps."""
     n = sps_table.numel()
+    table = sps_table.double()
+    starts = torch.ones(n, dtype=torch.int32, device=sps_table.device)
+    starts[1:] = (table[1:] != table[:-1]).to(torch.int32)
+    run_index = (starts.cumsum(0) - 1).to(torch.int32)
     idx = torch.arange(n, dtype=torch.int32, device=sps_table.device)
-    is_end = torch.ones(n, dtype=torch.bool, device=sps_table.device)
-    is_end[:-1] = sps_table[1:] != sps_table[:-1]
-    ends = torch.where(is_end, idx, n)
-    return torch.flip(torch.cummin(torch.flip(ends, (0,)), 0).values, (0,))
+    run_end = torch.zeros(n, dtype=torch.int32, device=sps_table.device)
+    run_end.scatter_reduce_(0, run_index.long(), idx, reduce="amax")
+    run_sps = torch.zeros(n, dtype=torch.float64, device=sps_table.device).scatter_(0, run_index.long(), table)
+    return run_index, run_end, run_sps
 
 
 OUTLOOK_TILE = 64  # outlook terms per candidate in one tile of projected_theta

@@ -29,7 +29,7 @@ from dspark_kernels.reference.survival import (
     candidate_order,
     prefix_survival_ragged,
     prefix_survival_ref,
-    run_ends,
+    sps_runs,
     theta_path,
 )
 
@@ -65,9 +65,14 @@ def stair_sps(bmax: int, tile: int, jump: float = 0.4, slope: float = 0.01) -> t
     return (1.0 / (1.0 + slope * b + jump * torch.div(b - 1, tile, rounding_mode="floor"))).float()
 
 
-def flat_runs_sps(bmax: int, gen: torch.Generator) -> torch.Tensor:
-    """A non-increasing steps/s curve of flat runs of random widths (a fitted profile pools its noise into runs)."""
+def flat_runs_sps(bmax: int, gen: torch.Generator, rising: bool = False) -> torch.Tensor:
+    """A non-increasing steps/s curve of flat runs of random widths (a fitted profile pools its noise into runs);
+    ``rising``: the same runs in random order (a raw measured table may rise)."""
     levels = torch.randint(1, max(2, bmax // 3), (bmax + 1,), generator=gen).sort(descending=True).values
+    if rising:
+        runs = torch.unique_consecutive(levels, return_counts=True)
+        order = torch.randperm(runs[0].numel(), generator=gen)
+        levels = runs[0][order].repeat_interleave(runs[1][order])
     return (levels.double() / 7.0).float()
 
 
@@ -426,25 +431,27 @@ def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
     assert crossed >= 5
 
 
-def test_run_ends_hand_worked():
-    """Each B's run of equal steps/s ends where the value next changes (or at the table's last entry)."""
+def test_sps_runs_hand_worked():
+    """Runs of equal steps/s numbered along B, each with its last B and its SPS (entries past the last run unused)."""
     sps = torch.tensor([9.0, 5.0, 5.0, 5.0, 4.0, 3.0, 3.0, 2.0], dtype=torch.float64)
-    assert run_ends(sps).tolist() == [0, 3, 3, 3, 4, 6, 6, 7]
-    assert run_ends(torch.ones(4)).tolist() == [3, 3, 3, 3]
-    assert run_ends(torch.ones(1)).tolist() == [0]
+    run_index, run_end, run_sps = sps_runs(sps)
+    assert run_index.tolist() == [0, 1, 1, 1, 2, 3, 3, 4]
+    assert run_end[:5].tolist() == [0, 3, 4, 6, 7] and run_sps[:5].tolist() == [9.0, 5.0, 4.0, 3.0, 2.0]
+    assert [t.tolist()[:1] for t in sps_runs(torch.ones(4))] == [[0], [3], [1.0]]
+    assert sps_runs(torch.ones(4))[0].tolist() == [0, 0, 0, 0]
 
 
-def test_first_drop_kernel_visits_run_ends_bit_for_bit():
-    """The first-drop kernel (visiting only run ends, stopping a lane at its first beating term) against the tensor
-    path's every-term outlook, on tables of flat runs where the outlook decides: runs that a candidate crosses,
-    windows that end inside a run, tables that end before the last candidate."""
+def test_first_drop_kernel_visits_one_term_per_run_bit_for_bit():
+    """The first-drop kernel (one term per run of equal SPS in each window) against the tensor path's every-term
+    outlook, on tables of flat runs where the outlook decides: runs that a candidate crosses, windows that end inside
+    a run, tables that end before the last candidate, runs that rise."""
     gen = torch.Generator().manual_seed(11)
     crossed = 0
     for trial in range(60):
         logits, cu, temps = random_batch(int(torch.randint(1, 13, (1,), generator=gen)), 7, gen, trial % 3 == 0)
         a = prefix_survival(logits, cu, temps, impl="torch")
         r, n = cu.numel() - 1, a.numel()
-        sps = flat_runs_sps(r + n + int(torch.randint(-n // 2, 3, (1,), generator=gen)), gen)
+        sps = flat_runs_sps(r + n + int(torch.randint(-n // 2, 3, (1,), generator=gen)), gen, rising=trial % 4 == 1)
         base = alg1_vectorised(a, cu, sps, 1)
         for lookahead in (2, 5, n + 1):
             want = alg1_vectorised(a, cu, sps, lookahead)

@@ -45,10 +45,10 @@ from ..reference.survival import (
     candidate_order,
     capacity_unconstrained_ref,
     prefix_survival_ref,
-    run_ends,
     select_verify_lengths_alg1_ref,
     select_verify_lengths_topk_ref,
     slot_maps,
+    sps_runs,
 )
 from ._dispatch import resolve_impl
 from ._layout import unit_inner_stride
@@ -113,16 +113,17 @@ def _theta_scan_kernel(A_SORTED, SPS, THETA, TAU, N, R, BMAX, BLOCK: tl.constexp
 
 
 @triton.jit
-def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_END, COUNT, N, R, BMAX, LOOKAHEAD, STEP_AWARE: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_INDEX, RUN_END, RUN_SPS, COUNT, N, R, BMAX, LOOKAHEAD,
+                       STEP_AWARE: tl.constexpr, BLOCK: tl.constexpr):
     """``COUNT = min k - 1`` over the candidates k in 1..N whose outlook ``max_{m < LOOKAHEAD} (TAU[k] + m a_k)
     SPS[R + k + m]`` (``m <= N - k``, ``R + k + m <= BMAX``, ``a_k > 0``) does not beat ``BEST[k - 1]``, the best
     Theta before them (atomic min; COUNT starts at N). ``m = 0`` is Theta itself; LOOKAHEAD 1 is Algorithm 1.
 
-    A term never falls along a run of equal SPS, so with STEP_AWARE (LOOKAHEAD > 1) each lane visits only the run
-    ends ``RUN_END`` (:func:`run_ends`) inside its window ``[R + k, last]`` and the window's last B, and stops at its
-    first term that beats BEST: the loop runs as many times as the block's busiest lane has runs to visit, not
-    LOOKAHEAD times. Without it the window is ``R + k`` alone and RUN_END is not read."""
+    A term never falls along a run of equal SPS, so with STEP_AWARE (LOOKAHEAD > 1) each lane visits one term per
+    run of its window ``[R + k, last]`` (:func:`sps_runs`: the run's end, or ``last`` inside the last run): the loop
+    runs as many times as the block's widest window has runs, not LOOKAHEAD times, and its loads (run i's end and
+    SPS) do not depend on the loop's earlier loads. Without STEP_AWARE the window is ``R + k`` alone and the run
+    tables are not read."""
     k = 1 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = k <= N
     a = tl.load(A_SORTED + k - 1, mask=ok, other=0.0).to(tl.float64)
@@ -132,14 +133,15 @@ def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_END, COUNT, N, R, BMAX, LOO
     busy = ok & (a > 0.0) & (first_b <= BMAX)
     if STEP_AWARE:
         last_b = tl.minimum(tl.minimum(first_b + LOOKAHEAD - 1, R + N), BMAX)
-        b = first_b
+        first_run = tl.load(RUN_INDEX + first_b, mask=busy, other=0)
+        last_run = tl.load(RUN_INDEX + last_b, mask=busy, other=0)
         beats = tl.zeros((BLOCK,), dtype=tl.int1)
-        while tl.max(busy.to(tl.int32), 0) > 0:
-            end = tl.minimum(tl.load(RUN_END + b, mask=busy, other=0), last_b)
-            sps = tl.load(SPS + end, mask=busy, other=1.0)
-            beats = beats | (busy & ((tau + (end - first_b) * a) * sps > best))
-            b = end + 1
-            busy = busy & ~beats & (b <= last_b)
+        for i in range(0, tl.max(tl.where(busy, last_run - first_run + 1, 0), 0)):
+            run = first_run + i
+            live = busy & (run <= last_run)
+            end = tl.minimum(tl.load(RUN_END + run, mask=live, other=0), last_b)
+            sps = tl.load(RUN_SPS + run, mask=live, other=1.0)
+            beats = beats | (live & ((tau + (end - first_b) * a) * sps > best))
     else:
         beats = busy & (tau * tl.load(SPS + first_b, mask=busy, other=1.0) > best)
     drop = ok & ~beats
@@ -213,8 +215,8 @@ def select_verify_lengths_alg1_triton(
     survival: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sps_table: torch.Tensor, lookahead: int = 1
 ) -> torch.Tensor:
     """Sort (torch), Theta scan, its running max (torch), first drop and scatter (Triton); same contract as the
-    reference. The first-drop kernel visits, per candidate, the ends of the table's runs of equal SPS inside its
-    outlook window of ``min(lookahead, N)`` terms, and stops at the first that beats the best Theta."""
+    reference. The first-drop kernel visits, per candidate, one term per run of equal SPS inside its outlook window
+    of ``min(lookahead, N)`` B."""
     r = cu_num_draft_tokens.numel() - 1
     ordered = candidate_order(survival, cu_num_draft_tokens)
     n = survival.numel()
@@ -225,9 +227,9 @@ def select_verify_lengths_alg1_triton(
         best = torch.cummax(theta, 0).values
         cfg = _scan_config(survival.device)
         step_aware = lookahead > 1
+        runs = sps_runs(table) if step_aware else (count, count, table)  # unread by Algorithm 1's variant
         # no FMA contraction: an outlook term rounds tau + m a and then the product, as the reference's does
-        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table,
-                                                             run_ends(table) if step_aware else count, count, n, r,
+        _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table, *runs, count, n, r,
                                                              table.numel() - 1, min(lookahead, n), step_aware,
                                                              BLOCK=cfg["BLOCK"], num_warps=cfg["num_warps"],
                                                              enable_fp_fusion=False)
@@ -344,12 +346,11 @@ def select_verify_lengths_alg1(
     candidates ranked before it, never on a[r, j+1] (which depends on the sampled token x[r, j]).
     ``lookahead`` (int >= 1; 1 is the paper's Algorithm 1) turns on the step-aware stop (semantics 3): slot (r, j)'s
     outlook reads its own survival, the candidates before it and the number of slots N, so it stays a stopping rule
-    and decoding stays lossless. The tensor path evaluates ``min(lookahead, N)`` terms per candidate. The first-drop
-    kernel visits only the ends of the table's runs of equal SPS inside each window and stops a lane at its first
-    term that beats the best Theta, so its serial depth is the number of runs in the busiest window: small on a
-    fitted, tile-stepped profile, up to ``min(lookahead, N)`` on a strictly falling one (where, if step time is
-    convex, lookahead 1 gives the same lengths). The host scan only looks ahead at a candidate that does not raise
-    Theta.
+    and decoding stays lossless. The tensor path evaluates ``min(lookahead, N)`` terms per candidate; the first-drop
+    kernel one per run of equal SPS inside each window, so its serial depth is the number of runs in the widest
+    window: small on a fitted (measured) or tile-stepped profile, up to ``min(lookahead, N)`` on a strictly falling
+    one (where, if step time is convex in B, lookahead 1 gives the same lengths). The host scan only looks ahead at
+    a candidate that does not raise Theta.
     """
     if not is_int(lookahead) or lookahead < 1:
         raise ValueError(f"lookahead must be an int >= 1, got {lookahead!r}")
