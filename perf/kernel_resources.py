@@ -137,8 +137,8 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
                   dict(FILTERED=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))
     surv = {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32", "A_SORTED": "*fp32", "SPS": "*fp64",
-            "THETA": "*fp64", "TAU": "*fp64", "BEST": "*fp64", "RUN_INDEX": "*i32", "RUN_END": "*i32",
-            "RUN_SPS": "*fp64", "COUNT": "*i32", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "LENS": "*i32"}
+            "THETA": "*fp64", "TAU": "*fp64", "BEST": "*fp64", "RUN_INDEX": "*i32", "RUNS": "*fp64",
+            "COUNT": "*i32", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "LENS": "*i32"}
     specs.append(("survival", "_prefix_survival_kernel", surv, dict(HAS_TEMPS=True), launch(sv["prefix"])))
     for name in ("_theta_scan_kernel", "_scatter_lengths_kernel"):
         specs.append(("survival", name, surv, blocks(sv["scan"]), launch(sv["scan"])))

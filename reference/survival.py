@@ -99,9 +99,9 @@ def theta_path(a_sorted: torch.Tensor, num_requests: int, sps_table: torch.Tenso
     return torch.where(positive & (batch <= bmax), tau * sps, float("-inf"))
 
 
-def sps_runs(sps_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The table's runs of equal steps/s, numbered from 0 along B: ``run_index [Bmax + 1]`` int32 (B's run),
-    ``run_end [Bmax + 1]`` int32 (run i's last B) and ``run_sps [Bmax + 1]`` float64 (run i's SPS); entries past
+def sps_runs(sps_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The table's runs of equal steps/s, numbered from 0 along B: ``run_index [Bmax + 1]`` int32 (B's run) and
+    ``runs [Bmax + 1, 2]`` float64, row i = (run i's last B, run i's SPS), so one 16-byte load reads both; rows past
     the last run are unused. No host synchronisation.
 
     An outlook term ``(tau + m a) SPS(B + m)`` with ``a > 0`` never falls along a run (float64 rounding is
@@ -110,14 +110,14 @@ def sps_runs(sps_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch
     profile pools its measurement noise into flat runs, and a GEMM's tiles make steps."""
     n = sps_table.numel()
     table = sps_table.double()
-    starts = torch.ones(n, dtype=torch.int32, device=sps_table.device)
-    starts[1:] = (table[1:] != table[:-1]).to(torch.int32)
-    run_index = (starts.cumsum(0) - 1).to(torch.int32)
-    idx = torch.arange(n, dtype=torch.int32, device=sps_table.device)
-    run_end = torch.zeros(n, dtype=torch.int32, device=sps_table.device)
-    run_end.scatter_reduce_(0, run_index.long(), idx, reduce="amax")
-    run_sps = torch.zeros(n, dtype=torch.float64, device=sps_table.device).scatter_(0, run_index.long(), table)
-    return run_index, run_end, run_sps
+    starts = torch.ones(n, dtype=torch.int64, device=sps_table.device)
+    starts[1:] = (table[1:] != table[:-1]).to(torch.int64)
+    run_index = starts.cumsum(0) - 1
+    runs = torch.zeros(n, 2, dtype=torch.float64, device=sps_table.device)
+    runs[:, 0].scatter_reduce_(0, run_index, torch.arange(n, dtype=torch.float64, device=sps_table.device),
+                               reduce="amax")
+    runs[:, 1].scatter_(0, run_index, table)
+    return run_index.to(torch.int32), runs
 
 
 OUTLOOK_TILE = 64  # outlook terms per candidate in one tile of projected_theta

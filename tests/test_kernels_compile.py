@@ -67,7 +67,7 @@ build("survival", "_prefix_survival_kernel", {"LOGITS": "*fp32", "CU": "*i64", "
 build("survival", "_theta_scan_kernel", {"A_SORTED": "*fp32", "SPS": "*fp64", "THETA": "*fp64", "TAU": "*fp64"},
       dict(BLOCK=1024))
 build("survival", "_first_drop_kernel", {"A_SORTED": "*fp32", "TAU": "*fp64", "BEST": "*fp64", "SPS": "*fp64",
-                                         "RUN_INDEX": "*i32", "RUN_END": "*i32", "RUN_SPS": "*fp64", "COUNT": "*i32"},
+                                         "RUN_INDEX": "*i32", "RUNS": "*fp64", "COUNT": "*i32"},
       dict(STEP_AWARE=True, BLOCK=1024))
 build("survival", "_scatter_lengths_kernel",
       {"A_SORTED": "*fp32", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "COUNT": "*i32", "LENS": "*i32"},

@@ -432,13 +432,13 @@ def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
 
 
 def test_sps_runs_hand_worked():
-    """Runs of equal steps/s numbered along B, each with its last B and its SPS (entries past the last run unused)."""
+    """Runs of equal steps/s numbered along B, each with its last B and its SPS (rows past the last run unused)."""
     sps = torch.tensor([9.0, 5.0, 5.0, 5.0, 4.0, 3.0, 3.0, 2.0], dtype=torch.float64)
-    run_index, run_end, run_sps = sps_runs(sps)
+    run_index, runs = sps_runs(sps)
     assert run_index.tolist() == [0, 1, 1, 1, 2, 3, 3, 4]
-    assert run_end[:5].tolist() == [0, 3, 4, 6, 7] and run_sps[:5].tolist() == [9.0, 5.0, 4.0, 3.0, 2.0]
-    assert [t.tolist()[:1] for t in sps_runs(torch.ones(4))] == [[0], [3], [1.0]]
-    assert sps_runs(torch.ones(4))[0].tolist() == [0, 0, 0, 0]
+    assert runs[:5].tolist() == [[0, 9.0], [3, 5.0], [4, 4.0], [6, 3.0], [7, 2.0]]
+    run_index, runs = sps_runs(torch.ones(4))
+    assert run_index.tolist() == [0, 0, 0, 0] and runs[0].tolist() == [3, 1.0]
 
 
 def test_first_drop_kernel_visits_one_term_per_run_bit_for_bit():

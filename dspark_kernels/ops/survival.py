@@ -113,7 +113,7 @@ def _theta_scan_kernel(A_SORTED, SPS, THETA, TAU, N, R, BMAX, BLOCK: tl.constexp
 
 
 @triton.jit
-def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_INDEX, RUN_END, RUN_SPS, COUNT, N, R, BMAX, LOOKAHEAD,
+def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_INDEX, RUNS, COUNT, N, R, BMAX, LOOKAHEAD,
                        STEP_AWARE: tl.constexpr, BLOCK: tl.constexpr):
     """``COUNT = min k - 1`` over the candidates k in 1..N whose outlook ``max_{m < LOOKAHEAD} (TAU[k] + m a_k)
     SPS[R + k + m]`` (``m <= N - k``, ``R + k + m <= BMAX``, ``a_k > 0``) does not beat ``BEST[k - 1]``, the best
@@ -121,9 +121,9 @@ def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_INDEX, RUN_END, RUN_SPS, CO
 
     A term never falls along a run of equal SPS, so with STEP_AWARE (LOOKAHEAD > 1) each lane visits one term per
     run of its window ``[R + k, last]`` (:func:`sps_runs`: the run's end, or ``last`` inside the last run): the loop
-    runs as many times as the block's widest window has runs, not LOOKAHEAD times, and its loads (run i's end and
-    SPS) do not depend on the loop's earlier loads. Without STEP_AWARE the window is ``R + k`` alone and the run
-    tables are not read."""
+    runs as many times as the block's widest window has runs, not LOOKAHEAD times, with one 16-byte load a lane
+    (run i's end and SPS) that does not depend on the loop's earlier loads. Without STEP_AWARE the window is
+    ``R + k`` alone and the run tables are not read."""
     k = 1 + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = k <= N
     a = tl.load(A_SORTED + k - 1, mask=ok, other=0.0).to(tl.float64)
@@ -139,8 +139,9 @@ def _first_drop_kernel(A_SORTED, TAU, BEST, SPS, RUN_INDEX, RUN_END, RUN_SPS, CO
         for i in range(0, tl.max(tl.where(busy, last_run - first_run + 1, 0), 0)):
             run = first_run + i
             live = busy & (run <= last_run)
-            end = tl.minimum(tl.load(RUN_END + run, mask=live, other=0), last_b)
-            sps = tl.load(RUN_SPS + run, mask=live, other=1.0)
+            pair = tl.load(RUNS + run[:, None] * 2 + tl.arange(0, 2)[None, :], mask=live[:, None], other=0.0)
+            run_end, sps = tl.split(pair)
+            end = tl.minimum(run_end.to(tl.int32), last_b)
             beats = beats | (live & ((tau + (end - first_b) * a) * sps > best))
     else:
         beats = busy & (tau * tl.load(SPS + first_b, mask=busy, other=1.0) > best)
@@ -227,7 +228,7 @@ def select_verify_lengths_alg1_triton(
         best = torch.cummax(theta, 0).values
         cfg = _scan_config(survival.device)
         step_aware = lookahead > 1
-        runs = sps_runs(table) if step_aware else (count, count, table)  # unread by Algorithm 1's variant
+        runs = sps_runs(table) if step_aware else (count, table)  # unread by Algorithm 1's variant
         # no FMA contraction: an outlook term rounds tau + m a and then the product, as the reference's does
         _first_drop_kernel[(triton.cdiv(n, cfg["BLOCK"]),)](ordered[0], tau, best, table, *runs, count, n, r,
                                                              table.numel() - 1, min(lookahead, n), step_aware,
