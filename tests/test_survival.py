@@ -90,6 +90,13 @@ def random_batch(r: int, gamma: int, gen: torch.Generator, quantized: bool):
     return logits, cu_of(lens.tolist()), temps
 
 
+def random_survivals(max_requests: int, gen: torch.Generator, quantized: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Calibrated survivals ``a`` and offsets ``cu`` of :func:`random_batch` with 1..max_requests requests of up to
+    7 slots."""
+    logits, cu, temps = random_batch(int(torch.randint(1, max_requests + 1, (1,), generator=gen)), 7, gen, quantized)
+    return prefix_survival(logits, cu, temps, impl="torch"), cu
+
+
 # ------------------------------------------------------------------------------------------- Triton vs reference
 CONFIGS = [(1, 1), (1, 16), (3, 1), (5, 4), (16, 7), (64, 16)]
 
@@ -416,8 +423,7 @@ def test_step_aware_stop_is_algorithm1_on_convex_step_times(impl):
     gen = torch.Generator().manual_seed(5)
     crossed = 0
     for trial in range(40):
-        logits, cu, temps = random_batch(int(torch.randint(1, 17, (1,), generator=gen)), 7, gen, trial % 2 == 1)
-        a = prefix_survival(logits, cu, temps, impl="torch")
+        a, cu = random_survivals(16, gen, trial % 2 == 1)
         r, n = cu.numel() - 1, a.numel()
         sps = decreasing_sps(r + n, gen)
         plain = select_verify_lengths_alg1(a, cu, sps, impl=impl)
@@ -448,8 +454,7 @@ def test_first_drop_kernel_visits_one_term_per_run_bit_for_bit():
     gen = torch.Generator().manual_seed(11)
     crossed = 0
     for trial in range(60):
-        logits, cu, temps = random_batch(int(torch.randint(1, 13, (1,), generator=gen)), 7, gen, trial % 3 == 0)
-        a = prefix_survival(logits, cu, temps, impl="torch")
+        a, cu = random_survivals(12, gen, trial % 3 == 0)
         r, n = cu.numel() - 1, a.numel()
         sps = flat_runs_sps(r + n + int(torch.randint(-n // 2, 3, (1,), generator=gen)), gen, rising=trial % 4 == 1)
         base = alg1_vectorised(a, cu, sps, 1)
