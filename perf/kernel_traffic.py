@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dspark_kernels.engine.sps import SPSProfile, analytic_roofline  # noqa: E402
+from dspark_kernels.engine.sps import SPSProfile  # noqa: E402
 from dspark_kernels.ops import (  # noqa: E402
     draft_block_attention,
     prefix_survival,
@@ -41,6 +41,7 @@ from dspark_kernels.ops import (  # noqa: E402
 from perf.roofline import device_info  # noqa: E402
 from perf.test_rejection_sample_bench import _batch as rejection_batch  # noqa: E402
 from perf.test_sequential_head_bench import _batch as head_batch  # noqa: E402
+from perf.test_survival_bench import _batch as schedule_batch  # noqa: E402
 from perf.traffic import count_traffic  # noqa: E402
 from tests.test_draft_block_attention import make_block_batch  # noqa: E402
 from tests.test_verify_attention import make_paged_batch  # noqa: E402
@@ -103,22 +104,22 @@ def draft_block_case(r: int, gamma: int, ctx: int, v: int) -> tuple[dict, callab
             lambda: draft_block_attention(*args, impl="triton", check_inputs=False, max_seqlen_q=gamma), min_bytes)
 
 
-def schedule_case(r: int, gamma: int, lookahead: int, noise: float) -> tuple[dict, callable, int]:
-    """Algorithm 1 (``lookahead`` 1) or the step-aware stop over ``r`` requests of ``gamma`` slots (the scheduler
-    bench's survivals) against the modelled H200 roofline of an 8e9-parameter target, or with ``noise`` > 0 against
-    it measured with that lognormal noise at every B and fitted non-increasing, as a measured profile is (its noise
+def schedule_case(r: int, lookahead: int, noise: float) -> tuple[dict, callable, int]:
+    """Algorithm 1 (``lookahead`` 1) or the step-aware stop over the scheduler bench's batch (``r`` requests of
+    gamma 16 slots) against its modelled H200 roofline of an 8e9-parameter target, or with ``noise`` > 0 against it
+    measured with that lognormal noise at every B and fitted non-increasing, as a measured profile is (its noise
     pooled into flat runs). Minimum: the survivals once, the table up to B = R + N once, the lengths once."""
-    gen = torch.Generator().manual_seed(r)
-    n, bmax = r * gamma, r * (gamma + 1)
-    cu = torch.arange(0, n + 1, gamma, dtype=torch.int64)
-    a = prefix_survival(2 + 2 * torch.randn(n, generator=gen), cu, None, impl="torch")
-    sps = analytic_roofline("H200", 8e9, max_batch=bmax).as_table(bmax)
+    logits, cu, temps, _, sps = schedule_batch(r, torch.device("cpu"))
+    a = prefix_survival(logits, cu, temps, impl="torch")
+    n, bmax = a.numel(), sps.numel() - 1
     if noise:
+        gen = torch.Generator().manual_seed(r)
+        torch.randn(n, generator=gen)  # the noise continues the bench's seeded stream after its logits
         rates = sps[1:].double() * torch.exp(noise * torch.randn(bmax, generator=gen, dtype=torch.float64))
         sps = SPSProfile("H200 (modelled, noisy)", "8e9", tuple(range(1, bmax + 1)),
                          (tuple(rates.tolist()),)).as_table(bmax)
     min_bytes = n * 4 + (bmax + 1) * sps.element_size() + r * 4
-    return ({"R": r, "gamma": gamma, "N": n, "lookahead": lookahead, "profile_noise": noise},
+    return ({"R": r, "gamma": n // r, "N": n, "lookahead": lookahead, "profile_noise": noise},
             lambda: select_verify_lengths_alg1(a, cu, sps, lookahead=lookahead, impl="triton", check_inputs=False),
             min_bytes)
 
@@ -136,11 +137,11 @@ CASES = {  # name: (op, builder of (shape, run, min_bytes) for a vocabulary size
                                                             lambda v: verify_case(7, 1, 1024, v, prefill=256)),
     "draft_block_attention R=64 gamma 7 ctx 4k": ("draft_block_attention", lambda v: draft_block_case(64, 7, 4096, v)),
     "select_verify_lengths_alg1 R=256 gamma 16": ("select_verify_lengths_alg1",
-                                                  lambda v: schedule_case(256, 16, 1, 0.0)),
+                                                  lambda v: schedule_case(256, 1, 0.0)),
     "step-aware stop R=256 gamma 16 modelled H200": ("select_verify_lengths_alg1",
-                                                     lambda v: schedule_case(256, 16, 4096, 0.0)),
+                                                     lambda v: schedule_case(256, 4096, 0.0)),
     "step-aware stop R=256 gamma 16 noisy measured H200": ("select_verify_lengths_alg1",
-                                                           lambda v: schedule_case(256, 16, 4096, 0.02)),
+                                                           lambda v: schedule_case(256, 4096, 0.02)),
 }
 
 

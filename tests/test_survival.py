@@ -116,8 +116,8 @@ def check_kernels_match_reference(r: int, gamma: int, quantized: bool, device: t
     n = logits.numel()
     for bmax in (r, r + n // 3, r + n + 5):  # tables ending at B = R, mid-path, and past every candidate
         sps = decreasing_sps(bmax, gen)
-        stairs = stair_sps(bmax, max(1, (bmax - r) // 3 + 1))
-        steps = stair_sps(bmax, max(1, (bmax - r) // 3 + 1), slope=0.0)
+        tile = max(1, (bmax - r) // 3 + 1)
+        stairs, steps = stair_sps(bmax, tile), stair_sps(bmax, tile, slope=0.0)
         runs = flat_runs_sps(bmax, gen)
         for table_, lookahead in ((sps, 1), (sps, n + 2), (stairs, 1), (stairs, 3), (stairs, n + 2), (steps, 2),
                                   (steps, n + 2), (runs, 4), (runs, n + 2)):
