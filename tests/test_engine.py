@@ -24,11 +24,13 @@ from dspark_kernels.engine.policies import (
     best_common_length,
     drafting_gain,
     make_policy,
+    step_time_convex,
 )
 from dspark_kernels.engine.replay import Traces, simulate, sweep
 from dspark_kernels.engine.speculative import speculative_generate
-from dspark_kernels.engine.sps import SPSProfile, profile_drafter, read_profile
+from dspark_kernels.engine.sps import SPSProfile, analytic_roofline, profile_drafter, read_profile
 from dspark_kernels.models import generate
+from dspark_kernels.ops.survival import prefix_survival
 from tests.lossless import assert_follows_target
 from tests.test_drafter_engine import VOCAB, make_drafter, target, train_block_drafter  # noqa: F401 (fixture)
 
@@ -314,6 +316,50 @@ def test_algorithm1_plans_for_its_early_stop_on_a_staircase():
         policy = make_policy(name)
         policy.bind(steps, GAMMA, 2)
         assert policy.choose(torch.full((2, 1), logit), [0, 1], 0).tolist() == lens, name
+
+
+def test_step_time_convex_hand_cases():
+    """Convex: the modelled H200 roofline (flat, then affine) read back from float32, with a constant draft round
+    added, and from any start; not convex: a staircase, a profile's flat runs, a concave cost. Short tails pass."""
+    roof = analytic_roofline("H200", 8e9, max_batch=512).as_table(512)
+    assert step_time_convex(roof, 1) and step_time_convex(roof, 300)
+    assert step_time_convex(1.0 / (1.0 / roof + 0.004), 8)
+    assert not step_time_convex(stair_profile(64, 16.0, 16, 0.05).as_table(64), 1)
+    fitted = torch.tensor([1.0, 10.0, 10.0, 10.0, 9.0, 9.0, 9.0, 8.0])  # runs pooled by a non-increasing fit
+    assert not step_time_convex(fitted, 1)
+    assert not step_time_convex(1.0 / torch.arange(1, 65, dtype=torch.float32).sqrt(), 1)
+    assert step_time_convex(fitted, 6) and step_time_convex(fitted[:3], 1)
+
+
+@pytest.mark.parametrize("profile", ["roofline", "stairs"])
+def test_dspark_step_runs_algorithm1_where_the_step_time_is_convex(monkeypatch, profile):
+    """``dspark_step`` passes lookahead 1 on a convex table (the modelled roofline, 48 requests: B = 48..240 crosses
+    its knee near 206) and the table's size on a staircase; on the convex one it chooses what ``dspark`` does, and on
+    both what the op with the whole window chooses."""
+    import dspark_kernels.engine.policies as policies
+
+    r = 48 if profile == "roofline" else 4
+    prof = (analytic_roofline("H200", 8e9, max_batch=r * (GAMMA + 1)) if profile == "roofline"
+            else stair_profile(r * (GAMMA + 1), 2.0, 4, 0.3))
+    step, plain = make_policy("dspark_step"), make_policy("dspark")
+    step.bind(prof, GAMMA, r)
+    plain.bind(prof, GAMMA, r)
+    table, live = step.step_table(r, GAMMA), list(range(r))
+    cu = torch.arange(0, r * GAMMA + 1, GAMMA)
+    want = 1 if profile == "roofline" else table.numel()
+    seen = []
+    real = policies.select_verify_lengths_alg1
+    monkeypatch.setattr(policies, "select_verify_lengths_alg1",
+                        lambda *a, lookahead=1, **k: seen.append(lookahead) or real(*a, lookahead=lookahead, **k))
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        conf = torch.randn(r, GAMMA, generator=gen) * 3
+        lens = step.choose(conf, live, trial)
+        assert seen[-1] == want, trial
+        whole = real(prefix_survival(conf.reshape(-1), cu), cu, table, lookahead=table.numel())
+        assert lens.tolist() == whole.tolist(), trial
+        if profile == "roofline":
+            assert lens.tolist() == plain.choose(conf, live, trial).tolist(), trial
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

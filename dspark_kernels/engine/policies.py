@@ -81,13 +81,27 @@ if TYPE_CHECKING:  # annotations only: importing the package must not import sps
     from .sps import SPSProfile
 
 __all__ = ["DSpark", "DSparkProd", "DSparkStep", "FixedK", "Oracle", "Policy", "PolicyError", "SmartSpec", "Threshold",
-           "algorithm1_at_mean", "best_common_length", "drafting_gain", "make_policy", "GATED_POLICY_NAMES",
-           "POLICY_NAMES"]
+           "algorithm1_at_mean", "best_common_length", "drafting_gain", "make_policy", "step_time_convex",
+           "GATED_POLICY_NAMES", "POLICY_NAMES"]
 
 FIXED_KS = (1, 3, 5, 7, 15)
 POLICY_NAMES = ("none", "mtp1", *(f"fixed{k}" for k in FIXED_KS), "threshold0.5", "smartspec", "dspark",
                 "dspark_step", "dspark_prod", "oracle")
 GATED_POLICY_NAMES = ("dspark+gate", "dspark_step+gate", "dspark_prod+gate")
+CONVEX_RTOL = 1e-6  # a float32 rate carries ~6e-8 relative rounding, so the second differences of an affine step time
+# read back from one sit within a few 1e-7 of it, below zero as often as above
+
+
+def step_time_convex(rates: torch.Tensor, start: int) -> bool:
+    """Whether the step time ``1 / rates[B]`` (``rates [Bmax + 1]``, rounds/s by verified tokens B, index B) is
+    convex in B over ``start..Bmax``: every second difference ``t(B - 1) - 2 t(B) + t(B + 1) >= -CONVEX_RTOL t(B)``,
+    so a float32 table of an affine or convex cost (the modelled roofline, a constant draft round added) passes and a
+    staircase or a fitted profile's flat runs do not. On such a table the step-aware stop is Algorithm 1 (see
+    ``ops.survival``), which :class:`DSparkStep` then runs: one outlook term a candidate instead of a window."""
+    t = 1.0 / rates[start:].double()
+    if t.numel() < 3:
+        return True
+    return bool((t[:-2] - 2 * t[1:-1] + t[2:] >= -CONVEX_RTOL * t[1:-1]).all())
 
 
 def best_common_length(mean_survival: Sequence[float], r: int, rate: Callable[[int], Sequence[float]],
@@ -172,6 +186,7 @@ class Policy:
         self.narrow_draft_table = tables[2][1] if narrow_draft_profile is not None else None
         self._step_tables: dict[tuple[int, int], torch.Tensor] = {}
         self._step_lists: dict[tuple[int, int], list[float]] = {}
+        self._convex: dict[tuple[int, int], bool] = {}
 
     def draft_seconds(self, r: int, width: int) -> float:
         """Modelled seconds of a draft round of ``r`` requests at ``width`` slots (``D(r, w)``, module docstring; 0
@@ -203,6 +218,13 @@ class Policy:
         if rates is None:
             rates = self._step_lists[key] = self.step_table(r, width).tolist()
         return rates
+
+    def convex_step_time(self, r: int, width: int) -> bool:
+        """:func:`step_time_convex` of :meth:`step_table` from B = ``r`` on, kept per ``(r, width)``."""
+        convex = self._convex.get((r, width))
+        if convex is None:
+            convex = self._convex[r, width] = step_time_convex(self.step_table(r, width), r)
+        return convex
 
     def drafts(self, live: Sequence, step: int) -> bool:
         """Whether the engine should draft this round (False: a plain decode step). Default: always."""
@@ -476,13 +498,16 @@ class DSparkStep(_Confident):
     Theta above the best point so far. On a staircase SPS profile (a bf16 GEMM's 16-row tiles) it crosses a step
     the round's drafts can pay for, where Algorithm 1 stops at the step's first row; on a profile whose step time is
     convex in B it is Algorithm 1. Its width and gate plan with the common length (:func:`best_common_length`), the
-    point its scan reaches on equal requests once it crosses the steps."""
+    point its scan reaches on equal requests once it crosses the steps. Where the round's step time is convex from
+    B = R on (:meth:`Policy.convex_step_time`, checked once per request count and width) it calls Algorithm 1
+    itself (lookahead 1), whose first-drop kernel reads one term a candidate."""
 
     name = "dspark_step"
 
     def choose(self, conf_logits, live, step, realised=None):
         a, cu, table = self._round_inputs(conf_logits, live, step)
-        return select_verify_lengths_alg1(a, cu, table, lookahead=table.numel(), check_inputs=False).long()
+        lookahead = 1 if self.convex_step_time(len(live), conf_logits.shape[1]) else table.numel()
+        return select_verify_lengths_alg1(a, cu, table, lookahead=lookahead, check_inputs=False).long()
 
 
 class DSparkProd(_Confident):
