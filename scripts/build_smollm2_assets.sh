@@ -8,7 +8,8 @@
 # FT_STEPS (DSpark's further steps over the 8192-token draft vocabulary), MTP1_STEPS (MTP-1's, over the draft
 # vocabulary, with input norms; STEPS + FT_STEPS by default, DSpark's total), EAGLE_STEPS (of the EAGLE-style chain,
 # whose unroll of 4 steps costs about 4x a step of the others, and of the assistant), MORE_STEPS (DSpark's and MTP-1's
-# last stage, on the N_MORE rollouts), THREADS (per trainer; the trainers run side by side).
+# stage on the N_MORE rollouts), N_ALL and ALL_STEPS (the train prompts answered for the last stage, and DSpark's and
+# MTP-1's steps on them), THREADS (per trainer; the trainers run side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N_TRAIN=${N_TRAIN:-576}
@@ -18,6 +19,8 @@ FT_STEPS=${FT_STEPS:-1150}
 MTP1_STEPS=${MTP1_STEPS:-$((STEPS + FT_STEPS))}
 EAGLE_STEPS=${EAGLE_STEPS:-200}
 MORE_STEPS=${MORE_STEPS:-1500}
+N_ALL=${N_ALL:-2304}
+ALL_STEPS=${ALL_STEPS:-1500}
 THREADS=${THREADS:-1}
 MODEL=smollm2-135m-instruct
 OUT=dspark_kernels/assets/drafters/$MODEL
@@ -78,6 +81,18 @@ OMP_NUM_THREADS=$THREADS python -m dspark_kernels.train.chain_drafter --name mtp
     --work-dir data/drafter_runs/$MODEL/mtp1-more "${common[@]}" --feature-layer 28 --positions 64 --input-norm \
     --init $OUT/mtp1 > data/logs/train_mtp1-more.log 2>&1 &
 wait
+
+# twice again (prompts N_MORE..N_ALL), then DSpark and MTP-1 once more over all of them, one after the other
+python -m dspark_kernels.train.rollouts --model $MODEL --prompts data/prompts --split train --num-prompts "$N_ALL" \
+    --max-new-tokens 512 --temperatures 0 1 --batch-size 64 --shard-size 192 --feature-layers $LAYERS --out $RO \
+    --resume
+common=(--target $MODEL --rollouts $RO --steps "$ALL_STEPS" --batch-size 8 --resume --draft-vocab 8192
+        --token-ranking $OUT/dspark --seed 5)
+python -m dspark_kernels.train.drafter --name dspark --out $OUT/dspark --work-dir data/drafter_runs/$MODEL/dspark-all \
+    "${common[@]}" "${block[@]}" --anchors 16 --head vanilla --rank 64 --init $OUT/dspark \
+    > data/logs/train_dspark-all.log 2>&1
+python -m dspark_kernels.train.chain_drafter --name mtp1 --out $OUT/mtp1 --work-dir data/drafter_runs/$MODEL/mtp1-all \
+    "${common[@]}" --feature-layer 28 --positions 64 --input-norm --init $OUT/mtp1 > data/logs/train_mtp1-all.log 2>&1
 
 python -m dspark_kernels.train.calibration --model $MODEL --drafter $OUT/dspark --rollouts $RO --num-prompts 96 \
     --max-new-tokens 64
