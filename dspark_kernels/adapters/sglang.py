@@ -75,7 +75,9 @@ def schedule_verify_lens_alg1(
 ) -> torch.Tensor:
     """Verify lengths ``[bs]`` int32 by DSpark Algorithm 1 against the engine's SPS table ``[Bmax + 1]`` (steps/s at
     a verify batch of B tokens), from dense confidence logits ``[bs, gamma]``. ``lookahead > 1``: the step-aware
-    stop (``select_verify_lengths_alg1``), for a table with steps (``bs * gamma`` crosses them all)."""
+    stop (``select_verify_lengths_alg1``), for a table with steps (``bs * gamma`` crosses them all); where the
+    table's step time is convex from B = bs on (``engine.policies.step_time_convex``, checked once per table) lookahead
+    1 gives the same lengths with one outlook term a candidate."""
     cu = _dense_offsets(confidence_logits)
     a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
                         check_inputs=check_inputs)
