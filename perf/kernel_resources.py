@@ -136,10 +136,11 @@ def _specs() -> list[tuple[str, str, dict, dict, dict]]:
     specs.append(("sequential_head", "_normalise_kernel", head,
                   dict(FILTERED=True, BLOCK_M=sh["BLOCK_M"], BLOCK_V=sh["BLOCK_V"]),
                   {"num_warps": 4}))
-    surv = {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32", "A_SORTED": "*fp32", "SPS": "*fp64",
-            "THETA": "*fp64", "TAU": "*fp64", "BEST": "*fp64", "RUN_INDEX": "*i32", "RUNS": "*fp64",
+    surv = {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "BIASES": "*fp32", "OUT": "*fp32", "A_SORTED": "*fp32",
+            "SPS": "*fp64", "THETA": "*fp64", "TAU": "*fp64", "BEST": "*fp64", "RUN_INDEX": "*i32", "RUNS": "*fp64",
             "COUNT": "*i32", "REQ_SORTED": "*i64", "POS_SORTED": "*i64", "LENS": "*i32"}
-    specs.append(("survival", "_prefix_survival_kernel", surv, dict(HAS_TEMPS=True), launch(sv["prefix"])))
+    specs.append(("survival", "_prefix_survival_kernel", surv, dict(HAS_TEMPS=True, HAS_BIASES=True),
+                  launch(sv["prefix"])))
     for name in ("_theta_scan_kernel", "_scatter_lengths_kernel"):
         specs.append(("survival", name, surv, blocks(sv["scan"]), launch(sv["scan"])))
     for step_aware in (False, True):  # Algorithm 1, the step-aware stop

@@ -109,8 +109,8 @@ def schedule_case(r: int, lookahead: int, noise: float) -> tuple[dict, callable,
     gamma 16 slots) against its modelled H200 roofline of an 8e9-parameter target, or with ``noise`` > 0 against it
     measured with that lognormal noise at every B and fitted non-increasing, as a measured profile is (its noise
     pooled into flat runs). Minimum: the survivals once, the table up to B = R + N once, the lengths once."""
-    logits, cu, temps, _, sps = schedule_batch(r, torch.device("cpu"))
-    a = prefix_survival(logits, cu, temps, impl="torch")
+    logits, cu, (temps, biases), _, sps = schedule_batch(r, torch.device("cpu"))
+    a = prefix_survival(logits, cu, temps, biases, impl="torch")
     n, bmax = a.numel(), sps.numel() - 1
     if noise:
         gen = torch.Generator().manual_seed(r)

@@ -34,23 +34,23 @@ TARGET_PARAMS = 8e9
 
 def _batch(r: int, device: torch.device):
     """The scheduler's inputs for ``r`` requests of GAMMA slots: confidence logits ``[N]`` (seeded by r), offsets
-    ``cu [R + 1]``, unit temperatures ``[GAMMA]``, the modelled H200 target and its SPS table up to
-    ``B = R (GAMMA + 1)``."""
+    ``cu [R + 1]``, unit temperatures and zero biases ``[GAMMA]`` (a calibrated drafter's inputs), the modelled H200
+    target and its SPS table up to ``B = R (GAMMA + 1)``."""
     gen = torch.Generator().manual_seed(r)
     n = r * GAMMA
     logits = (2 + 2 * torch.randn(n, generator=gen)).to(device)
     cu = torch.arange(0, n + 1, GAMMA, dtype=torch.int64, device=device)
-    temps = torch.ones(GAMMA, device=device)
+    calibration = (torch.ones(GAMMA, device=device), torch.zeros(GAMMA, device=device))
     model = analytic_roofline("H200", TARGET_PARAMS, max_batch=r * (GAMMA + 1))
-    return logits, cu, temps, model, model.as_table(r * (GAMMA + 1)).to(device)
+    return logits, cu, calibration, model, model.as_table(r * (GAMMA + 1)).to(device)
 
 
 def _run(benchmark, device, r, impl, scheme="alg1"):
-    logits, cu, temps, model, sps = _batch(r, device)
+    logits, cu, (temps, biases), model, sps = _batch(r, device)
     n = logits.numel()
 
     def step():
-        a = prefix_survival(logits, cu, temps, impl=impl, check_inputs=False)
+        a = prefix_survival(logits, cu, temps, biases, impl=impl, check_inputs=False)
         if scheme in ("alg1", "step"):
             lookahead = n if scheme == "step" else 1
             select_verify_lengths_alg1(a, cu, sps, lookahead=lookahead, impl=impl, check_inputs=False)

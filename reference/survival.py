@@ -22,9 +22,11 @@ def slot_maps(cu: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def prefix_survival_ref(
-    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
+    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None,
+    position_biases: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``a[r, j] = prod_{i <= j} sigmoid(logit[r, i] / T[i])`` over each request's slots; ``[N]`` float32.
+    """``a[r, j] = prod_{i <= j} sigmoid(logit[r, i] / T[i] + b[i])`` over each request's slots; ``[N]`` float32
+    (``T`` = 1 and ``b`` = 0 where None).
 
     On the CPU, when every request has the same number of slots (a serving round's drafts), the slots already form
     the dense ``[R, width]`` matrix :func:`prefix_survival_ragged` builds, so the same three ops run on a view of them
@@ -37,12 +39,15 @@ def prefix_survival_ref(
             logits = conf_logits.float().view(r, width)
             if position_temperatures is not None:
                 logits = logits / position_temperatures.float()[:width]
+            if position_biases is not None:
+                logits = logits + position_biases.float()[:width]
             return torch.sigmoid(logits).cumprod(dim=1).view(n)
-    return prefix_survival_ragged(conf_logits, cu_num_draft_tokens, position_temperatures)
+    return prefix_survival_ragged(conf_logits, cu_num_draft_tokens, position_temperatures, position_biases)
 
 
 def prefix_survival_ragged(
-    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
+    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None,
+    position_biases: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`prefix_survival_ref` for any offsets, as tensor ops (no host sync): the slots scattered into a dense
     ``[R, width]`` matrix padded with ones, its cumulative product along the slots, gathered back."""
@@ -52,6 +57,8 @@ def prefix_survival_ragged(
     logits = conf_logits.float()
     if position_temperatures is not None:
         logits = logits / position_temperatures.float()[pos]
+    if position_biases is not None:
+        logits = logits + position_biases.float()[pos]
     width = int(pos.max()) + 1 if n else 0
     dense = torch.ones(r, width, dtype=torch.float32, device=conf_logits.device)
     dense[req, pos] = torch.sigmoid(logits)

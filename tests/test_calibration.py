@@ -1,9 +1,13 @@
-"""Confidence calibration: recorder metrics, Sequential Temperature Scaling, the calibration file and the CLI.
+"""Confidence calibration: recorder metrics, Platt scaling, Sequential Temperature Scaling, the calibration file and
+the CLI.
 
 * ECE / AUROC / Brier on hand-made inputs (calibrated -> ECE 0, a hand-counted AUROC with ties, brute force);
 * STS on a synthetic head whose logits are 3x the true conditional log-odds: every position's ECE drops and the
   fitted temperatures are near 3; the grid holds exactly 1 and ties go to it;
-* calibration.json round trip and malformed files; the CLI end to end on a tiny random target and drafter.
+* Platt scaling recovers a head's scale and offset, fixes an offset that STS cannot, stays finite on separable and
+  empty positions and keeps its scale in range;
+* calibration.json round trip (both formats) and malformed files; the CLI end to end on a tiny random target and
+  drafter.
 """
 
 import json
@@ -23,10 +27,12 @@ from dspark_kernels.train.calibration import (
     cumulative_survival,
     ece_noise_floor,
     expected_calibration_error,
+    fit_platt,
     fit_sts,
+    load_biases,
     load_mean_survival,
     load_temperatures,
-    save_temperatures,
+    save_calibration,
     sts_grid,
 )
 
@@ -112,11 +118,13 @@ def test_cumulative_survival_matches_the_op():
     rng = np.random.default_rng(2)
     z = rng.normal(0, 3, size=(5, 6)).astype(np.float32)
     temps = sts_grid()[[30, 40, 20, 35, 25, 50]].astype(np.float32)
-    ours = cumulative_survival(z, temps)
+    biases = rng.normal(0, 1, size=6).astype(np.float32)
     flat = torch.tensor(z.reshape(-1))
     cu = torch.arange(0, 31, 6, dtype=torch.int32)
-    op = prefix_survival(flat, cu, torch.tensor(temps), impl="torch").view(5, 6).numpy()
-    assert np.allclose(ours, op, atol=1e-6)
+    for b in (None, biases):
+        ours = cumulative_survival(z, temps, b)
+        op = prefix_survival(flat, cu, torch.tensor(temps), None if b is None else torch.tensor(b), impl="torch")
+        assert np.allclose(ours, op.view(5, 6).numpy(), atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------- STS
@@ -189,6 +197,59 @@ def test_grid_and_ties_go_to_one():
     assert fit_sts(np.zeros((0, 4)), np.zeros(0, dtype=int)).tolist() == [1.0] * 4
 
 
+# ------------------------------------------------------------------------------------------------ Platt scaling
+def test_platt_recovers_scale_and_offset():
+    # logits = 3 * logit(p) + 1.5, so the true conditional is sigmoid(z / 3 - 0.5): T = 3, b = -0.5 at every position
+    z, acc = _synthetic_traces(40_000, 4, 3.0, seed=8)
+    temps, biases = fit_platt(z + 1.5, acc)
+    assert temps.dtype == biases.dtype == torch.float32 and temps.shape == biases.shape == (4,)
+    assert np.allclose(temps.numpy(), 3.0, rtol=0.08), temps
+    assert np.allclose(biases.numpy(), -0.5, atol=0.08), biases
+
+
+def test_platt_fixes_an_offset_that_sts_cannot():
+    # a head that ranks right but sits 1 logit above the truth: a temperature scales around 0 and cannot remove it
+    z, acc = _synthetic_traces(30_000, 5, 1.0, seed=9)
+    z_ev, acc_ev = _synthetic_traces(30_000, 5, 1.0, seed=10)
+    sts = calibration_metrics(z_ev + 1.0, acc_ev, fit_sts(z + 1.0, acc))
+    temps, biases = fit_platt(z + 1.0, acc)
+    platt = calibration_metrics(z_ev + 1.0, acc_ev, temps, biases=biases)
+    for s_, p_ in zip(sts.cumulative, platt.cumulative):
+        assert p_.ece < 0.01 and p_.ece < 0.5 * s_.ece, (s_, p_)
+    for s_, p_ in zip(sts.conditional, platt.conditional):  # a positive scale keeps the conditional ranking
+        assert p_.auroc == pytest.approx(s_.auroc, abs=1e-12)
+
+
+def test_platt_prior_keeps_degenerate_positions_finite():
+    rng = np.random.default_rng(11)
+    z = rng.normal(0, 2, size=(400, 3))
+    # position 1 separable (MLE scale -> inf); position 2 on trial but never accepted (MLE bias -> -inf); position 3
+    # never on trial
+    acc = (z[:, 0] > 0).astype(int)
+    temps, biases = fit_platt(z, acc)
+    assert np.isfinite(temps.numpy()).all() and np.isfinite(biases.numpy()).all()
+    assert float(temps[0]) < 0.5 and float(biases[1]) < -2
+    assert float(temps[2]) == 1.0 and float(biases[2]) == 0.0
+    # the prior's weight: a weaker prior lets position 2's fit move further from the identity on the same rounds
+    strong, weak = fit_platt(z, acc, l2=100.0), fit_platt(z, acc, l2=0.01)
+    assert abs(float(weak[1][1])) > abs(float(strong[1][1]))
+    with pytest.raises(ValueError, match="l2"):
+        fit_platt(z, acc, l2=0.0)
+    # no rounds at all: the identity everywhere
+    temps, biases = fit_platt(np.zeros((0, 2)), np.zeros(0, dtype=int))
+    assert temps.tolist() == [1.0, 1.0] and biases.tolist() == [0.0, 0.0]
+
+
+def test_platt_clamps_an_anti_correlated_head():
+    # the head says the opposite of the truth: the best scale is negative, clamped to 1/8 with the bias refitted
+    z, acc = _synthetic_traces(20_000, 1, -1.0, seed=12)
+    temps, biases = fit_platt(z, acc)
+    assert float(temps[0]) == 8.0
+    on_trial_rate = float((acc >= 1).mean())
+    predicted = float(cumulative_survival(z, temps, biases)[:, 0].mean())
+    assert predicted == pytest.approx(on_trial_rate, abs=0.01)  # the refitted bias still matches the rate
+
+
 # -------------------------------------------------------------------------------------------------------- files
 def test_save_load_round_trip(tmp_path):
     z, acc = _synthetic_traces(500, 4, 3.0, seed=7)
@@ -197,15 +258,30 @@ def test_save_load_round_trip(tmp_path):
     after = calibration_metrics(z, acc, temps)
     drafter_dir = tmp_path / "drafter"
     drafter_dir.mkdir()
-    out = save_temperatures(drafter_dir, temps, before, after, {"gamma": 4, "note": "test"})
+    out = save_calibration(drafter_dir, temps, method="sts", metrics_before=before, metrics_after=after,
+                           meta={"gamma": 4, "note": "test"})
     assert out == drafter_dir / "calibration.json"
     doc = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     assert doc["metrics_before"]["cumulative"][0]["auroc"] is None and doc["meta"]["note"] == "test"
+    assert doc["format"] == "dspark-calibration-v2" and doc["method"] == "sts"
     assert len(doc["metrics_after"]["conditional"]) == 4
     assert torch.equal(load_temperatures(drafter_dir), temps)
     assert torch.equal(load_temperatures(out, gamma=4), temps)
-    save_temperatures(tmp_path / "t.json", [1, 2.5])
-    assert load_temperatures(tmp_path / "t.json").tolist() == [1.0, 2.5]
+    assert load_biases(drafter_dir).tolist() == [0.0] * 4  # STS fits no bias
+    temps, biases = fit_platt(z, acc)
+    save_calibration(tmp_path / "t.json", temps, biases)
+    assert torch.equal(load_temperatures(tmp_path / "t.json"), temps)
+    assert torch.equal(load_biases(tmp_path / "t.json"), biases)
+    assert torch.equal(load_biases(tmp_path / "t.json", gamma=2), biases[:2])
+    assert json.loads((tmp_path / "t.json").read_text())["method"] == "platt"
+
+
+def test_temperature_only_files_still_load(tmp_path):
+    doc = {"format": "dspark-sts-v1", "gamma": 2, "temperatures": [1.5, 0.5]}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(doc))
+    assert load_temperatures(path).tolist() == [1.5, 0.5]
+    assert load_biases(path) is None and load_biases(tmp_path, gamma=1) is None
 
 
 def _write(tmp_path, doc) -> object:
@@ -235,6 +311,21 @@ def test_malformed_files(tmp_path, doc, match):
         load_temperatures(_write(tmp_path, doc))
 
 
+V2 = {"format": "dspark-calibration-v2", "method": "platt", "gamma": 2, "temperatures": [1.0, 1.0]}
+
+
+@pytest.mark.parametrize("doc,match", [
+    ({**V2, "biases": [0.5]}, "1 biases but gamma = 2"),
+    ({**V2, "biases": [0.5, True]}, r"biases\[1\] = True is not a finite number"),
+    ({**V2, "biases": "0.5"}, "biases must be a non-empty list"),
+    ({**V2}, "biases must be a non-empty list"),
+    ('{"format": "dspark-calibration-v2", "gamma": 1, "temperatures": [1.0], "biases": [NaN]}', "not a finite"),
+])
+def test_malformed_biases(tmp_path, doc, match):
+    with pytest.raises(ValueError, match=match):
+        load_biases(_write(tmp_path, doc))
+
+
 def test_mean_survival_prior_of_the_shipped_drafter_and_bad_tables(tmp_path):
     shipped = load_mean_survival(Path(__file__).resolve().parents[1] / "dspark_kernels/assets/drafters/dspark", 7)
     assert len(shipped) == 7 and all(0 < b < a < 1 for a, b in zip(shipped, shipped[1:]))  # a prefix survival
@@ -253,13 +344,21 @@ def test_mean_survival_prior_of_the_shipped_drafter_and_bad_tables(tmp_path):
 def test_missing_file_wrong_gamma_and_bad_save(tmp_path):
     with pytest.raises(FileNotFoundError, match="calibration file missing"):
         load_temperatures(tmp_path)
-    save_temperatures(tmp_path, [1.0, 2.0, 3.0])
+    save_calibration(tmp_path, [1.0, 2.0, 3.0], [0.0, -1.0, 0.5])
     with pytest.raises(ValueError, match="calibrated for gamma <= 3, requested gamma = 7"):
         load_temperatures(tmp_path, gamma=7)
+    with pytest.raises(ValueError, match="calibrated for gamma <= 3, requested gamma = 7"):
+        load_biases(tmp_path, gamma=7)
     assert load_temperatures(tmp_path, gamma=2).tolist() == [1.0, 2.0]  # a prefix serves a shorter block
+    assert load_biases(tmp_path, gamma=2).tolist() == [0.0, -1.0]
     for bad in ([], [1.0, float("nan")], [1.0, 0.0], torch.tensor([1.0, -2.0])):
         with pytest.raises(ValueError, match="temperatures"):
-            save_temperatures(tmp_path / "bad.json", bad)
+            save_calibration(tmp_path / "bad.json", bad)
+    for bad, match in (([0.0], "1 biases for 2 temperatures"), ([0.0, float("inf")], r"biases\[1\]")):
+        with pytest.raises(ValueError, match=match):
+            save_calibration(tmp_path / "bad.json", [1.0, 1.0], bad)
+    with pytest.raises(ValueError, match="method must be one of"):
+        save_calibration(tmp_path / "bad.json", [1.0], method="isotonic")
     assert not (tmp_path / "bad.json").exists()
 
 
@@ -294,11 +393,13 @@ def test_cli_end_to_end_on_a_tiny_model(tmp_path, capsys):
               str(tmp_path / "rollouts"), "--gamma", "4", "--num-prompts", "6", "--max-new-tokens", "12",
               "--device", "cpu"])
     printed = capsys.readouterr().out
-    assert "ECE before" in printed and "pos  4" in printed
+    assert "ECE before" in printed and "pos  4" in printed and "biases:" in printed
     temps = load_temperatures(tmp_path / "drafter", gamma=4)
     assert temps.shape == (4,) and bool((temps > 0).all())
+    assert load_biases(tmp_path / "drafter", gamma=4).shape == (4,)
     doc = json.loads((tmp_path / "drafter" / "calibration.json").read_text())
     meta = doc["meta"]
+    assert doc["method"] == meta["method"] == "platt" and meta["l2"] == 1.0 and meta["grid"] is None
     assert meta["num_prompts"] == 6 and meta["fit_rounds"] > 0 and meta["eval_rounds"] > 0
     assert len(doc["metrics_before"]["cumulative"]) == 4
     assert sum(m["n"] for m in doc["metrics_before"]["cumulative"][:1]) == meta["eval_rounds"]
@@ -315,3 +416,14 @@ def test_cli_end_to_end_on_a_tiny_model(tmp_path, capsys):
     save_token_ranking(torch.randperm(64), tmp_path / "drafter")
     cal.main(argv)  # calibrated as it drafts with a draft vocabulary
     assert json.loads((tmp_path / "drafter" / "calibration.json").read_text())["meta"]["draft_vocab"] == 16
+    cal.main(argv + ["--method", "sts"])
+    doc = json.loads((tmp_path / "drafter" / "calibration.json").read_text())
+    assert doc["method"] == "sts" and doc["biases"] == [0.0] * 4 and doc["meta"]["grid"].startswith("2^")
+
+
+@pytest.mark.parametrize("argv", [["--method", "isotonic"], ["--l2", "0"], ["--l2", "nan"], ["--l2", "-1"]])
+def test_cli_rejects_bad_method_and_l2_before_loading(argv, capsys):
+    with pytest.raises(SystemExit):
+        cal.main(["--rollouts", "/nonexistent/rollouts", *argv])
+    err = capsys.readouterr().err
+    assert f"argument {argv[0]}" in err and "nonexistent" not in err

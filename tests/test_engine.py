@@ -213,6 +213,32 @@ def test_draft_widths_follow_each_policy():
     assert threshold.draft_width([0, 1], 1) == GAMMA  # per-request: never narrowed by the batch
 
 
+@pytest.mark.parametrize("name", ["dspark", "dspark_step", "dspark_prod", "threshold0.4"])
+def test_calibrated_policies_read_logit_over_temperature_plus_bias(name):
+    """A policy given temperatures and biases chooses as the uncalibrated one given ``logit / T + b``, and rejects
+    calibrations that are not finite vectors or do not cover gamma."""
+    gen = torch.Generator().manual_seed(3)
+    temps, biases = 0.5 + torch.rand(GAMMA, generator=gen), torch.randn(GAMMA, generator=gen)
+    profile = linear_profile(4 * (GAMMA + 1), 6.0)
+    calibrated, plain = make_policy(name, temps, biases=biases), make_policy(name)
+    calibrated.bind(profile, GAMMA, 4)
+    plain.bind(profile, GAMMA, 4)
+    for step in range(4):  # dspark_prod's stale capacity starts from the third round
+        conf = 3 * torch.randn(4, GAMMA, generator=gen)
+        live = [0, 1, 2, 3]
+        assert torch.equal(calibrated.choose(conf, live, step), plain.choose(conf / temps + biases, live, step))
+    with pytest.raises(ValueError, match="biases must be a 1-D tensor of finite values"):
+        make_policy(name, biases=torch.tensor([0.0, float("nan")]))
+    with pytest.raises(ValueError, match="biases must be a 1-D tensor"):
+        make_policy(name, biases=torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="temperatures must be a 1-D tensor of positive finite values"):
+        make_policy(name, torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match=f"3 calibration biases for gamma = {GAMMA}"):
+        make_policy(name, temps, biases=biases[:3]).bind(profile, GAMMA, 4)
+    with pytest.raises(ValueError, match=f"3 calibration temperatures for gamma = {GAMMA}"):
+        make_policy(name, temps[:3], biases=biases).bind(profile, GAMMA, 4)
+
+
 def test_engine_drafts_the_policy_width_and_stays_exact(target, drafter, monkeypatch):  # noqa: F811
     from dspark_kernels.engine import engine as engine_module
 

@@ -62,8 +62,9 @@ build("rejection_sample", "_cut_candidates_kernel", rs, dict(HAS_TOP_K=True, HAS
                                                              CHUNKS_P2=32))
 build("rejection_sample", "_accept_kernel", rs, dict(HAS_DRAFT_PROBS=True, HAS_ACCEPT_COUNTER=True,
                                                      HAS_DRAFT_COUNTER=True))
-build("survival", "_prefix_survival_kernel", {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "OUT": "*fp32"},
-      dict(HAS_TEMPS=True))
+build("survival", "_prefix_survival_kernel",
+      {"LOGITS": "*fp32", "CU": "*i64", "TEMPS": "*fp32", "BIASES": "*fp32", "OUT": "*fp32"},
+      dict(HAS_TEMPS=True, HAS_BIASES=True))
 build("survival", "_theta_scan_kernel", {"A_SORTED": "*fp32", "SPS": "*fp64", "THETA": "*fp64", "TAU": "*fp64"},
       dict(BLOCK=1024))
 build("survival", "_first_drop_kernel", {"A_SORTED": "*fp32", "TAU": "*fp64", "BEST": "*fp64", "SPS": "*fp64",

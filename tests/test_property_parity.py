@@ -105,16 +105,17 @@ def test_draft_block_attention_parity(block_lens, data, head, page_size, seed):
 
 @settings(max_examples=30, **SETTINGS)
 @given(lens=ragged_lens(12, 16), data=st.data(), ties=st.booleans(), with_temps=st.booleans(),
-       seed=st.integers(0, 2**16))
-def test_survival_and_scheduling_parity(lens, data, ties, with_temps, seed):
+       with_biases=st.booleans(), seed=st.integers(0, 2**16))
+def test_survival_and_scheduling_parity(lens, data, ties, with_temps, with_biases, seed):
     gen = torch.Generator().manual_seed(seed)
     n, gamma = sum(lens), max(max(lens), 1)
     logits = (torch.randint(-2, 3, (n,), generator=gen).float() if ties else 4 * torch.randn(n, generator=gen))
     logits[torch.rand(n, generator=gen) < 0.1] = -1e4  # confidences of exactly 0
     temps = 0.5 + torch.rand(gamma, generator=gen) if with_temps else None
+    biases = 2 * torch.randn(gamma, generator=gen) if with_biases else None
     cu = cu_of(lens)
-    ref = prefix_survival(logits, cu, temps, impl="torch")
-    tri = prefix_survival(logits, cu, temps, impl="triton")
+    ref = prefix_survival(logits, cu, temps, biases, impl="torch")
+    tri = prefix_survival(logits, cu, temps, biases, impl="triton")
     torch.testing.assert_close(tri, ref, rtol=1e-6, atol=1e-7)
     sps = decreasing_sps(len(lens) + data.draw(st.integers(0, n + 4)), gen)
     assert torch.equal(select_verify_lengths_alg1(ref, cu, sps, impl="triton"),

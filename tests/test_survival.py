@@ -106,10 +106,12 @@ def check_kernels_match_reference(r: int, gamma: int, quantized: bool, device: t
     reference on the CPU, on one random batch; the schedulers of both sides read the reference's survivals."""
     gen = torch.Generator().manual_seed(1000 * r + gamma + quantized)
     logits, cu, temps = random_batch(r, gamma, gen, quantized)
+    biases = torch.randn(gamma, generator=gen)
     cu_dev = cu.to(device)
-    for t in (temps, None):
-        ref = prefix_survival(logits, cu, t, impl="torch")
-        tri = prefix_survival(logits.to(device), cu_dev, None if t is None else t.to(device), impl="triton").cpu()
+    on = lambda x: None if x is None else x.to(device)  # noqa: E731
+    for t, b in ((temps, biases), (None, biases), (temps, None), (None, None)):
+        ref = prefix_survival(logits, cu, t, b, impl="torch")
+        tri = prefix_survival(logits.to(device), cu_dev, on(t), on(b), impl="triton").cpu()
         torch.testing.assert_close(tri, ref, rtol=1e-6, atol=1e-7)
         assert torch.equal(tri == 0, ref == 0)
     a = ref.to(device)
@@ -188,20 +190,28 @@ def test_survival_values_and_temperatures(impl):
     a = prefix_survival(logits, cu_of([2, 0, 1]), torch.tensor([1.0, 0.5]), impl=impl)
     torch.testing.assert_close(a, torch.tensor([0.5, 0.45, 0.0]))
     assert a[2] == 0
+    # biases (ln 3, -ln 9) after the temperatures: c = (sigmoid(ln 3) = 3/4, sigmoid(2 ln 3 - ln 9) = 1/2)
+    ln3 = float(torch.tensor(3.0).log())
+    a = prefix_survival(logits, cu_of([2, 0, 1]), torch.tensor([1.0, 0.5]), torch.tensor([ln3, -2 * ln3]), impl=impl)
+    torch.testing.assert_close(a, torch.tensor([0.75, 0.375, 0.0]))
+    a = prefix_survival(logits, cu_of([2, 0, 1]), None, torch.tensor([ln3, 0.0]), impl=impl)  # biases alone
+    torch.testing.assert_close(a, torch.tensor([0.75, 0.75 * 0.75, 0.0]))
 
 
 @pytest.mark.parametrize("r, width", [(1, 7), (16, 3), (5, 1), (64, 16)])
 @pytest.mark.parametrize("temps", [False, True])
-def test_uniform_blocks_take_the_dense_path_bit_for_bit(r, width, temps):
+@pytest.mark.parametrize("biases", [False, True])
+def test_uniform_blocks_take_the_dense_path_bit_for_bit(r, width, temps, biases):
     gen = torch.Generator().manual_seed(r * width)
     logits = torch.randn(r * width, generator=gen) * 3
     t = torch.rand(width + 1, generator=gen) + 0.5 if temps else None
+    b = torch.randn(width + 1, generator=gen) if biases else None
     cu = cu_of([width] * r)
-    assert torch.equal(prefix_survival_ref(logits, cu, t), prefix_survival_ragged(logits, cu, t))
+    assert torch.equal(prefix_survival_ref(logits, cu, t, b), prefix_survival_ragged(logits, cu, t, b))
     ragged = cu_of([width] * (r - 1) + [width + 1]) if r > 1 else None  # not uniform: the tensor path
     if ragged is not None:
         more = torch.cat([logits, torch.zeros(1)])
-        assert torch.equal(prefix_survival_ref(more, ragged, t), prefix_survival_ragged(more, ragged, t))
+        assert torch.equal(prefix_survival_ref(more, ragged, t, b), prefix_survival_ragged(more, ragged, t, b))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -637,6 +647,12 @@ def test_bad_inputs():
         prefix_survival(logits, cu, torch.tensor([1.0, 0.0]))
     with pytest.raises(ValueError, match="position_temperatures has 1"):
         prefix_survival(logits, cu, torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="position_biases has 1"):
+        prefix_survival(logits, cu, None, torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="position_biases.*NaN"):
+        prefix_survival(logits, cu, None, torch.tensor([0.5, float("nan")]))
+    with pytest.raises(TypeError, match="position_biases"):
+        prefix_survival(logits, cu, None, torch.tensor([0.5, 0.5], dtype=torch.float64))
     with pytest.raises(ValueError, match=r"cu_num_draft_tokens\[-1\]"):
         prefix_survival(logits, cu_of([2, 2]))
     with pytest.raises(ValueError, match="non-decreasing"):
@@ -713,11 +729,13 @@ def test_alg1_host_scan_equals_the_tensor_path(monkeypatch):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_strided_offsets_and_temperatures(impl):
-    """``cu`` and the temperatures as stride-2 views give the contiguous inputs' survival (the Triton launcher hands
-    its kernel unit-stride vectors)."""
+def test_strided_offsets_temperatures_and_biases(impl):
+    """``cu``, the temperatures and the biases as stride-2 views give the contiguous inputs' survival (the Triton
+    launcher hands its kernel unit-stride vectors)."""
     from tests.test_verify_attention import every_other
 
     logits, cu, temps = torch.tensor([2.0, 1.0, 0.5, 3.0, -1.0]), torch.tensor([0, 3, 5]), torch.tensor([1.0, 2.0, 0.5])
-    torch.testing.assert_close(prefix_survival(logits, every_other(cu), every_other(temps), impl=impl),
-                               prefix_survival(logits, cu, temps, impl=impl), rtol=0, atol=0)
+    biases = torch.tensor([0.25, -1.0, 0.5])
+    torch.testing.assert_close(prefix_survival(logits, every_other(cu), every_other(temps), every_other(biases),
+                                               impl=impl),
+                               prefix_survival(logits, cu, temps, biases, impl=impl), rtol=0, atol=0)

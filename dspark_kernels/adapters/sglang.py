@@ -2,14 +2,15 @@
 
 Such a worker keeps every request's draft block dense: ``draft_tokens [bs, gamma]`` and confidences ``[bs, gamma]``,
 turns them into one verify length per request and builds the ragged verify window from those. Upstream SGLang has no
-DSpark scheduler; a public fork's ``schedule_verify_lens_topk`` takes survival probabilities, counts the anchor in its
-lengths and spends its budget beyond a minimum length. These adapters take confidence LOGITS (calibrated here by the
-per-position temperatures), count DRAFTS in the lengths (the anchor is always verified, so add 1 for a length that
-counts it), and spend ``budget`` on the draft slots beyond ``min_verify_len`` (which every request verifies) up to
-``max_len``. They run our ragged ops (:mod:`dspark_kernels.ops.survival`) on the dense layout with offsets
-``arange(bs + 1) * width`` (no host sync when ``check_inputs=False`` and ``budget`` is a ``[1]`` device tensor; an int
-budget is copied to the device each call, which a CUDA graph would freeze), and :func:`pack_verified_drafts` packs the
-admitted drafts into the flattened ``[N]`` + ``cu_num_draft_tokens [bs + 1]`` layout that verification takes.
+DSpark scheduler; a public fork's ``schedule_verify_lens_topk`` takes survival probabilities, counts the anchor in
+its lengths and spends its budget beyond a minimum length. These adapters take confidence LOGITS (calibrated here by
+the per-position temperatures and biases), count DRAFTS in the lengths (the anchor is always verified, so add 1 for a
+length that counts it), and spend ``budget`` on the draft slots beyond ``min_verify_len`` (which every request
+verifies) up to ``max_len``. They run our ragged ops (:mod:`dspark_kernels.ops.survival`) on the dense layout with
+offsets ``arange(bs + 1) * width`` (no host sync when ``check_inputs=False`` and ``budget`` is a ``[1]`` device
+tensor; an int budget is copied to the device each call, which a CUDA graph would freeze), and
+:func:`pack_verified_drafts` packs the admitted drafts into the flattened ``[N]`` + ``cu_num_draft_tokens [bs + 1]``
+layout that verification takes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def schedule_verify_lens_topk(
     min_verify_len: int = 0,
     max_len: int | None = None,
     position_temperatures: torch.Tensor | None = None,
+    position_biases: torch.Tensor | None = None,
     *,
     impl: str | None = None,
     check_inputs: bool = True,
@@ -56,7 +58,7 @@ def schedule_verify_lens_topk(
     cu = _dense_offsets(confidence_logits)
     bs, gamma = confidence_logits.shape
     hi = _window(gamma, min_verify_len, max_len)
-    a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
+    a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, position_biases, impl=impl,
                         check_inputs=check_inputs)
     window = a.view(bs, gamma)[:, min_verify_len:hi]  # the slots the budget may admit, each request's in order
     extra = select_verify_lengths_topk(window.reshape(-1), _dense_offsets(window), budget, impl=impl,
@@ -68,6 +70,7 @@ def schedule_verify_lens_alg1(
     confidence_logits: torch.Tensor,
     sps_table: torch.Tensor,
     position_temperatures: torch.Tensor | None = None,
+    position_biases: torch.Tensor | None = None,
     *,
     lookahead: int = 1,
     impl: str | None = None,
@@ -79,7 +82,7 @@ def schedule_verify_lens_alg1(
     table's step time is convex from B = bs on (``engine.policies.step_time_convex``, checked once per table) lookahead
     1 gives the same lengths with one outlook term a candidate."""
     cu = _dense_offsets(confidence_logits)
-    a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, impl=impl,
+    a = prefix_survival(confidence_logits.reshape(-1), cu, position_temperatures, position_biases, impl=impl,
                         check_inputs=check_inputs)
     return select_verify_lengths_alg1(a, cu, sps_table, lookahead=lookahead, impl=impl, check_inputs=check_inputs)
 

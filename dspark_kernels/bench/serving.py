@@ -81,7 +81,7 @@ from ..engine.sps import (
 from ..models import load_model
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..models.registry import shipped_drafter
-from ..train.calibration import load_mean_survival, load_temperatures
+from ..train.calibration import load_biases, load_mean_survival, load_temperatures
 from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
@@ -139,16 +139,18 @@ def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tupl
 
 @dataclass(frozen=True)
 class Calibration:
-    """The drafter's STS temperatures ``[gamma]`` and held-out mean survival ``[gamma]`` (the draft gate's prior);
-    both ``None`` for an uncalibrated drafter."""
+    """The drafter's calibration temperatures and biases ``[gamma]`` and held-out mean survival ``[gamma]`` (the
+    draft gate's prior); all ``None`` for an uncalibrated drafter (biases also for a temperature-only file)."""
 
     temperatures: torch.Tensor | None
     prior_survival: list[float] | None
+    biases: torch.Tensor | None = None
 
     @classmethod
     def of(cls, drafter_dir: Path, gamma: int) -> Calibration:
         try:
-            return cls(load_temperatures(drafter_dir, gamma), load_mean_survival(drafter_dir, gamma))
+            return cls(load_temperatures(drafter_dir, gamma), load_mean_survival(drafter_dir, gamma),
+                       load_biases(drafter_dir, gamma))
         except FileNotFoundError:
             return cls(None, None)
 
@@ -241,8 +243,8 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
         runs: dict[str, list[dict]] = {}
         for cycle in range(args.repeats):
             for name, (run_drafter, gamma) in list(runners.items())[:: -1 if cycle % 2 else 1]:
-                eng = Engine(target, run_drafter, make_policy(name, cal.temperatures, cal.prior_survival), profile,
-                             gamma, max_batch=c,
+                policy = make_policy(name, cal.temperatures, cal.prior_survival, cal.biases)
+                eng = Engine(target, run_drafter, policy, profile, gamma, max_batch=c,
                              max_seq_len=max(map(len, prompts)) + max(caps) + args.gamma + 1,
                              draft_profile=draft_profiles[args.gamma] if run_drafter is drafter else None,
                              narrow_draft_profile=draft_profiles[1] if run_drafter is drafter else None,
@@ -296,7 +298,7 @@ def run_replay(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPS
             print("replay without --draft-profile charges no drafting: the gated policies are left out", flush=True)
     points = sweep(names, traces, profile, args.concurrency, cal.temperatures, seed=args.seed,
                    prior_survival=None if drafts[0] is None else cal.prior_survival, draft_profile=drafts[0],
-                   narrow_draft_profile=drafts[1])
+                   narrow_draft_profile=drafts[1], biases=cal.biases)
     for p in points:
         p["prompts"] = source
         _print_point(p)
@@ -448,6 +450,7 @@ def run(args: argparse.Namespace) -> dict:
                      "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
                      "length_range": args.length_range if args.mode == "live" else None,
                      "prompt_len": args.prompt_len, "calibrated": cal.temperatures is not None,
+                     "calibration_biases": None if cal.biases is None else cal.biases.tolist(),
                      "gate_prior": cal.prior_survival, "seed": args.seed,
                      "gemm_dtype": args.gemm_dtype, "batch_invariant": args.batch_invariant},
         "points": points,

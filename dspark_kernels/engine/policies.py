@@ -283,24 +283,31 @@ class FixedK(Policy):
         return min(self.k, self.gamma)
 
 
-def _calibrated(conf: torch.Tensor, temperatures: torch.Tensor | None) -> torch.Tensor:
-    """Per-position confidences ``c [R, gamma] = sigmoid(logit / T[j])``."""
-    if temperatures is None:
-        return torch.sigmoid(conf)
-    return torch.sigmoid(conf / temperatures.to(conf.device)[: conf.shape[1]])
+def _calibrated(conf: torch.Tensor, temperatures: torch.Tensor | None, biases: torch.Tensor | None
+                ) -> torch.Tensor:
+    """Per-position confidences ``c [R, gamma] = sigmoid(logit / T[j] + b[j])`` (T = 1, b = 0 where None)."""
+    width = conf.shape[1]
+    if temperatures is not None:
+        conf = conf / temperatures.to(conf.device)[:width]
+    if biases is not None:
+        conf = conf + biases.to(conf.device)[:width]
+    return torch.sigmoid(conf)
 
 
-def _survival(conf: torch.Tensor, temperatures: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _survival(conf: torch.Tensor, temperatures: torch.Tensor | None, biases: torch.Tensor | None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flattened calibrated prefix survival ``[R * gamma]`` and its offsets ``cu [R + 1]``."""
     r, gamma = conf.shape
     cu = torch.arange(0, (r + 1) * gamma, gamma, dtype=torch.int32, device=conf.device)
     temps = None if temperatures is None else temperatures.to(conf.device)
-    return prefix_survival(conf.reshape(-1), cu, temps, check_inputs=False), cu
+    bias = None if biases is None else biases.to(conf.device)
+    return prefix_survival(conf.reshape(-1), cu, temps, bias, check_inputs=False), cu
 
 
 class _Confident(Policy):
-    """A policy that reads the calibrated confidences (STS ``temperatures [>= gamma]``, None = uncalibrated);
-    ``gate=True`` adds the draft gate (module docstring), which needs the engine's ``draft_profile``."""
+    """A policy that reads the calibrated confidences (``temperatures [>= gamma]`` and ``biases [>= gamma]`` of
+    ``train.calibration``, None = 1 and 0: uncalibrated); ``gate=True`` adds the draft gate (module docstring),
+    which needs the engine's ``draft_profile``."""
 
     needs_confidence = True
     GATE_EMA = 0.1  # weight of the newest drafted round in the running mean survival (without a prior, the plain
@@ -311,16 +318,20 @@ class _Confident(Policy):
     GATE_TIME_EMA = 0.2  # weight of the newest round in the measured seconds of drafted rounds and of plain steps
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
-                 prior_survival: Sequence[float] | None = None) -> None:
+                 prior_survival: Sequence[float] | None = None, biases: torch.Tensor | None = None) -> None:
         if temperatures is not None:
             temperatures = torch.as_tensor(temperatures, dtype=torch.float32)
             if temperatures.dim() != 1 or not bool(torch.isfinite(temperatures).all() & (temperatures > 0).all()):
                 raise ValueError(f"temperatures must be a 1-D tensor of positive finite values, got {temperatures}")
+        if biases is not None:
+            biases = torch.as_tensor(biases, dtype=torch.float32)
+            if biases.dim() != 1 or not bool(torch.isfinite(biases).all()):
+                raise ValueError(f"biases must be a 1-D tensor of finite values, got {biases}")
         if prior_survival is not None:
             prior_survival = [float(a) for a in prior_survival]
             if not all(0 <= a <= 1 for a in prior_survival):
                 raise ValueError(f"prior_survival must hold probabilities in [0, 1], got {prior_survival}")
-        self.temperatures, self.gate = temperatures, gate
+        self.temperatures, self.biases, self.gate = temperatures, biases, gate
         if gate:
             self.name += "+gate"
         # the running mean survival per position, which the width rule and the gate read (a host copy: the gate reads
@@ -336,8 +347,9 @@ class _Confident(Policy):
 
     def bind(self, profile, gamma, max_batch, draft_profile=None, narrow_draft_profile=None):
         super().bind(profile, gamma, max_batch, draft_profile, narrow_draft_profile)
-        if self.temperatures is not None and self.temperatures.numel() < gamma:
-            raise ValueError(f"{self.temperatures.numel()} calibration temperatures for gamma = {gamma}")
+        for name, values in (("temperatures", self.temperatures), ("biases", self.biases)):
+            if values is not None and values.numel() < gamma:
+                raise ValueError(f"{values.numel()} calibration {name} for gamma = {gamma}")
         if self._mean_survival is not None:
             if len(self._mean_survival) < gamma:
                 raise ValueError(f"{len(self._mean_survival)} prior survival values for gamma = {gamma}")
@@ -433,7 +445,7 @@ class _Confident(Policy):
         """The round's calibrated prefix survival ``a [R * width]``, its offsets ``cu [R + 1]`` and the step table
         of ``R`` live requests at the drafted width on ``a``'s device; the running mean takes ``a`` in."""
         conf = self._confidence(conf_logits, len(live))
-        a, cu = _survival(conf, self.temperatures)
+        a, cu = _survival(conf, self.temperatures, self.biases)
         self._remember(a, len(live), conf.shape[1], step)
         return a, cu, self.step_table(len(live), conf.shape[1]).to(a.device)
 
@@ -457,8 +469,9 @@ class _Confident(Policy):
 class Threshold(_Confident):
     """B4-style static rule: verify up to (not including) the first position whose calibrated ``c_j < t``."""
 
-    def __init__(self, t: float, temperatures: torch.Tensor | None = None) -> None:
-        super().__init__(temperatures)
+    def __init__(self, t: float, temperatures: torch.Tensor | None = None, biases: torch.Tensor | None = None
+                 ) -> None:
+        super().__init__(temperatures, biases=biases)
         if not 0 <= t <= 1:
             raise ValueError(f"threshold must lie in [0, 1], got {t}")
         self.t, self.name = t, f"threshold{t:g}"
@@ -467,7 +480,7 @@ class Threshold(_Confident):
         return self.gamma  # a per-request rule: any request may verify all gamma drafts
 
     def choose(self, conf_logits, live, step, realised=None):
-        c = _calibrated(self._confidence(conf_logits, len(live)), self.temperatures)
+        c = _calibrated(self._confidence(conf_logits, len(live)), self.temperatures, self.biases)
         return (c >= self.t).long().cumprod(dim=1).sum(dim=1)
 
 
@@ -522,8 +535,8 @@ class DSparkProd(_Confident):
     STALENESS = 2
 
     def __init__(self, temperatures: torch.Tensor | None = None, gate: bool = False,
-                 prior_survival: Sequence[float] | None = None) -> None:
-        super().__init__(temperatures, gate, prior_survival)
+                 prior_survival: Sequence[float] | None = None, biases: torch.Tensor | None = None) -> None:
+        super().__init__(temperatures, gate, prior_survival, biases)
         self._history: deque[tuple[torch.Tensor, torch.Tensor]] = deque(maxlen=self.STALENESS)
 
     def choose(self, conf_logits, live, step, realised=None):
@@ -643,8 +656,9 @@ class Oracle(Policy):
 
 
 def make_policy(name: str, temperatures: torch.Tensor | None = None,
-                prior_survival: Sequence[float] | None = None) -> Policy:
-    """A policy by name (see the module docstring); ``temperatures``: STS calibration for the confidence policies;
+                prior_survival: Sequence[float] | None = None, biases: torch.Tensor | None = None) -> Policy:
+    """A policy by name (see the module docstring); ``temperatures`` and ``biases``: the confidence calibration
+    of the confidence policies (``train.calibration.load_temperatures`` / ``load_biases``);
     ``prior_survival [>= gamma]``: the drafter's held-out mean calibrated survival per position
     (``train.calibration.load_mean_survival``), the draft gate's starting point (DSpark policies only; without it
     the gate drafts its first round to measure)."""
@@ -659,15 +673,15 @@ def make_policy(name: str, temperatures: torch.Tensor | None = None,
             t = float(name[9:])
         except ValueError:
             raise ValueError(f"threshold policy needs a value, e.g. 'threshold0.5', got {name!r}") from None
-        return Threshold(t, temperatures)
+        return Threshold(t, temperatures, biases)
     simple = {"smartspec": SmartSpec, "oracle": Oracle}
     if name in simple:
         return simple[name]()
     base, gated = name.removesuffix("+gate"), name.endswith("+gate")
     if base == "dspark":
-        return DSpark(temperatures, gate=gated, prior_survival=prior_survival)
+        return DSpark(temperatures, gate=gated, prior_survival=prior_survival, biases=biases)
     if base == "dspark_step":
-        return DSparkStep(temperatures, gate=gated, prior_survival=prior_survival)
+        return DSparkStep(temperatures, gate=gated, prior_survival=prior_survival, biases=biases)
     if base == "dspark_prod":
-        return DSparkProd(temperatures, gate=gated, prior_survival=prior_survival)
+        return DSparkProd(temperatures, gate=gated, prior_survival=prior_survival, biases=biases)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES + GATED_POLICY_NAMES)}")

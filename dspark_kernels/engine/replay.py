@@ -163,9 +163,11 @@ def simulate(policy: Policy, traces: Traces, profile: SPSProfile, concurrency: i
 
 def sweep(names: Sequence[str], traces: Traces, profile: SPSProfile, concurrencies: Sequence[int],
           temperatures: torch.Tensor | None = None, seed: int = 0, prior_survival: Sequence[float] | None = None,
-          draft_profile: SPSProfile | None = None, narrow_draft_profile: SPSProfile | None = None) -> list[dict]:
+          draft_profile: SPSProfile | None = None, narrow_draft_profile: SPSProfile | None = None,
+          biases: torch.Tensor | None = None) -> list[dict]:
     """:func:`simulate` for every policy name x concurrency, a fresh policy per point (same seed: same draws);
-    ``prior_survival`` starts the DSpark policies' running mean as in the engine."""
-    return [simulate(make_policy(n, temperatures, prior_survival), traces, profile, c, seed=seed,
+    ``temperatures`` and ``biases`` calibrate the confidences; ``prior_survival`` starts the DSpark policies' running
+    mean as in the engine."""
+    return [simulate(make_policy(n, temperatures, prior_survival, biases), traces, profile, c, seed=seed,
                      draft_profile=draft_profile, narrow_draft_profile=narrow_draft_profile)
             for n in names for c in concurrencies]

@@ -3,7 +3,9 @@
 Layout (ragged, R requests, N draft slots in all, gamma_max = the longest draft block):
     conf_logits            [N] float32               confidence-head logits, request r owns ``cu[r]:cu[r+1]``
     cu_num_draft_tokens    [R + 1] int32/int64       offsets ``cu``; slot i of request r is position j = i + 1
-    position_temperatures  [gamma_max] float32 > 0   STS temperature per position (None = 1 everywhere)
+    position_temperatures  [gamma_max] float32 > 0   calibration temperature per position (None = 1 everywhere)
+    position_biases        [gamma_max] float32       calibration bias per position, added after the temperature
+                                                     (None = 0 everywhere; ``train.calibration``'s Platt scaling)
     survival               [N] float32 in [0, 1]     a[r, j] = prod_{i <= j} c[r, i], non-increasing in j
     sps_table              [Bmax + 1] float32 > 0    SPS(B), target steps/s at a verify batch of B tokens, index B;
                                                      entry 0 is unused; must reach B = R (Bmax >= R)
@@ -11,7 +13,7 @@ Layout (ragged, R requests, N draft slots in all, gamma_max = the longest draft 
                                                      ``B = sum_r (1 + l_r)`` tokens)
 
 Semantics:
-1. ``c[r, i] = sigmoid(logit[r, i] / T[i])`` with T indexed by the slot's position inside its request.
+1. ``c[r, i] = sigmoid(logit[r, i] / T[i] + b[i])`` with T and b indexed by the slot's position inside its request.
 2. Candidates are the slots with a > 0, sorted by a descending; ties go to the lower position j, then the lower
    request r. The tie-break never looks at values, and a request's slot j always precedes its slot j + 1, so any
    leading part of the order admits a prefix of every request.
@@ -72,9 +74,9 @@ _DEFAULTS = {"prefix": {"num_warps": 1}, "scan": {"BLOCK": 1024, "num_warps": 4}
 
 # --------------------------------------------------------------------------------------------------------- kernels
 @triton.jit
-def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr):
-    """One program = one request: the running product of sigmoid(logit / T[pos]) over its slots, one slot at a time
-    from the left (a request has at most a few dozen). Each ``a[j]`` is ``a[j - 1] * c[j]`` rounded once with
+def _prefix_survival_kernel(LOGITS, CU, TEMPS, BIASES, OUT, HAS_TEMPS: tl.constexpr, HAS_BIASES: tl.constexpr):
+    """One program = one request: the running product of sigmoid(logit / T[pos] + b[pos]) over its slots, one slot
+    at a time from the left (a request has at most a few dozen). Each ``a[j]`` is ``a[j - 1] * c[j]`` rounded once with
     ``c[j] <= 1``, so the survival never rises along a request; a parallel scan (``tl.cumprod`` on a GPU) multiplies
     in another order per lane and can round a later product 1 ulp above an earlier one, which breaks the
     prefix-closed candidate order Algorithm 1 relies on. The reference's sequential cumprod does the same products."""
@@ -86,6 +88,8 @@ def _prefix_survival_kernel(LOGITS, CU, TEMPS, OUT, HAS_TEMPS: tl.constexpr):
         x = tl.load(LOGITS + start + j).to(tl.float32)
         if HAS_TEMPS:
             x = x / tl.load(TEMPS + j)
+        if HAS_BIASES:
+            x = x + tl.load(BIASES + j)
         e = tl.exp(-tl.abs(x))  # overflow-free sigmoid: exactly 0 for very negative logits
         c = tl.minimum(tl.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)), 1.0)
         a = a * c
@@ -165,7 +169,8 @@ def _scatter_lengths_kernel(A_SORTED, REQ_SORTED, POS_SORTED, COUNT, LENS, N, BL
 
 # -------------------------------------------------------------------------------------------------------- launchers
 def prefix_survival_triton(
-    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None
+    conf_logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, position_temperatures: torch.Tensor | None,
+    position_biases: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the per-request survival scan; same contract as :func:`prefix_survival_ref`."""
     r = cu_num_draft_tokens.numel() - 1
@@ -173,10 +178,12 @@ def prefix_survival_triton(
     if conf_logits.numel() == 0 or r == 0:
         return out
     temps = position_temperatures if position_temperatures is not None else out
+    biases = position_biases if position_biases is not None else out
     cfg = launch_config("survival", _DEFAULTS["prefix"], conf_logits.device, "prefix")
     _prefix_survival_kernel[(r,)](
-        conf_logits.contiguous(), unit_inner_stride(cu_num_draft_tokens), unit_inner_stride(temps), out,
-        HAS_TEMPS=position_temperatures is not None, num_warps=cfg["num_warps"],
+        conf_logits.contiguous(), unit_inner_stride(cu_num_draft_tokens), unit_inner_stride(temps),
+        unit_inner_stride(biases), out, HAS_TEMPS=position_temperatures is not None,
+        HAS_BIASES=position_biases is not None, num_warps=cfg["num_warps"],
     )
     return out
 
@@ -253,22 +260,21 @@ def _check_cu(cu: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
     return check_cu_seqlens("cu_num_draft_tokens", cu, n)
 
 
-def _validate_survival_inputs(conf_logits, cu, temps) -> None:
+def _validate_survival_inputs(conf_logits, cu, temps, biases) -> None:
     check_tensor("conf_logits", conf_logits, ndim=1, dtypes=(torch.float32,))
     dev = conf_logits.device
     c = _check_cu(cu, conf_logits.numel(), dev)
     check_finite("conf_logits", conf_logits)
-    if temps is None:
-        return
-    check_tensor("position_temperatures", temps, ndim=1, dtypes=(torch.float32,), device=dev)
-    check_finite("position_temperatures", temps)
-    if bool((temps <= 0).any()):
-        raise ValueError(f"position_temperatures must be > 0, got {temps.tolist()}")
     longest = int((c[1:] - c[:-1]).max()) if c.numel() > 1 else 0
-    if longest > temps.numel():
-        raise ValueError(
-            f"position_temperatures has {temps.numel()} entries but a request has {longest} draft slots"
-        )
+    for name, values in (("position_temperatures", temps), ("position_biases", biases)):
+        if values is None:
+            continue
+        check_tensor(name, values, ndim=1, dtypes=(torch.float32,), device=dev)
+        check_finite(name, values)
+        if longest > values.numel():
+            raise ValueError(f"{name} has {values.numel()} entries but a request has {longest} draft slots")
+    if temps is not None and bool((temps <= 0).any()):
+        raise ValueError(f"position_temperatures must be > 0, got {temps.tolist()}")
 
 
 def _validate_survival(name: str, survival: torch.Tensor, cu: torch.Tensor) -> None:
@@ -316,6 +322,7 @@ def prefix_survival(
     conf_logits: torch.Tensor,
     cu_num_draft_tokens: torch.Tensor,
     position_temperatures: torch.Tensor | None = None,
+    position_biases: torch.Tensor | None = None,
     *,
     impl: str | None = None,
     check_inputs: bool = True,
@@ -326,10 +333,10 @@ def prefix_survival(
     ``check_inputs=False`` skips validation (host syncs) for hot loops and CUDA-graph capture.
     """
     if check_inputs:
-        _validate_survival_inputs(conf_logits, cu_num_draft_tokens, position_temperatures)
+        _validate_survival_inputs(conf_logits, cu_num_draft_tokens, position_temperatures, position_biases)
     if resolve_impl(impl, conf_logits.device) == "triton":
-        return prefix_survival_triton(conf_logits, cu_num_draft_tokens, position_temperatures)
-    return prefix_survival_ref(conf_logits, cu_num_draft_tokens, position_temperatures)
+        return prefix_survival_triton(conf_logits, cu_num_draft_tokens, position_temperatures, position_biases)
+    return prefix_survival_ref(conf_logits, cu_num_draft_tokens, position_temperatures, position_biases)
 
 
 def select_verify_lengths_alg1(

@@ -1,10 +1,12 @@
-"""Confidence calibration: recorder metrics and Sequential Temperature Scaling (DSpark §3.2.1, brief §4 and §6).
+"""Confidence calibration: recorder metrics, per-position Platt scaling and Sequential Temperature Scaling (DSpark
+§3.2.1, brief §4 and §6).
 
 Data (from ``speculative_generate(..., record_traces=True)``, n rounds, verify length gamma):
-    conf_logits   [n, gamma] float   raw confidence logits z_k, k = 1..gamma; c_k = sigmoid(z_k / T_k) is the
+    conf_logits   [n, gamma] float   raw confidence logits z_k, k = 1..gamma; c_k = sigmoid(z_k / T_k + b_k) is the
                                      probability that draft k is accepted given drafts 1..k-1 were accepted
     accepted      [n] int in [0, gamma]   drafts accepted that round
-    temperatures  [gamma] float > 0  STS temperature per position, applied to the logit (1 = uncalibrated)
+    temperatures  [gamma] float > 0  temperature per position, dividing the logit (1 = uncalibrated)
+    biases        [gamma] float      bias per position, added after the temperature (0 = uncalibrated; STS fits none)
 
 Derived, per round and position j = 1..gamma:
     survival a_j = prod_{i <= j} c_i      (the scheduler's prefix-survival prediction, as ``ops.prefix_survival``)
@@ -23,6 +25,14 @@ rounds with ``accepted >= j - 1`` (where draft j was actually on trial). Empty s
 Unlike DeepSpec's recorder, positions after an accepted EOS are not dropped: ``accepted`` is the verifier's count,
 which does not look at EOS (a small effect at the end of each request).
 
+Platt scaling (the default): for each position k on its own, ``(1 / T_k, b_k)`` is the maximum-likelihood logistic
+regression of the label ``[accepted >= k]`` on ``z_k`` over the rounds where draft k was on trial (``accepted >= k -
+1``: the event c_k predicts), with a Gaussian prior ``l2 / 2 * ((1 / T_k - 1)^2 + b_k^2)`` on the log-likelihood
+(the identity map is the prior's centre; it keeps a position with few or one-class rounds finite and leaves an empty
+one at T = 1, b = 0), by damped Newton steps; ``1 / T_k`` is kept in [1/8, 8] as the STS grid is. A temperature alone
+rescales the logit around 0, so it cannot move a head whose mean prediction sits above its acceptance rate while its
+ranking is right; the bias does.
+
 STS: for k = 1..gamma in order, T_k is the grid temperature minimising the ECE of a_k against y_k with T_1..T_{k-1}
 already fixed. Grid: 2^(i/10), i = -30..30 (61 values, 0.125..8, including 1). Ties (ECE within ``1e-12``) go to
 T = 1, then to the smaller |log T|, then to the smaller T. Temperature scaling of one position keeps the ranking of
@@ -30,8 +40,11 @@ the conditional c_k; the ranking of the cumulative a_k can change (it mixes posi
 
 File: ``calibration.json`` inside the drafter directory::
 
-    {"format": "dspark-sts-v1", "gamma": G, "temperatures": [G positive finite floats],
+    {"format": "dspark-calibration-v2", "method": "platt" | "sts", "gamma": G,
+     "temperatures": [G positive finite floats], "biases": [G finite floats],
      "metrics_before": {...}, "metrics_after": {...}, "meta": {...}}
+
+The loaders also read the temperature-only ``"dspark-sts-v1"`` file (no ``method``, no ``biases``).
 
 CLI: ``python -m dspark_kernels.train.calibration --drafter dspark_kernels/assets/drafters/dspark --gamma 15``.
 """
@@ -53,6 +66,7 @@ from ..cli_args import (
     missing_inputs_are_usage_errors,
     model_source,
     non_negative_float,
+    positive_float,
     positive_int,
 )
 from ..models.registry import is_shipped_drafter
@@ -67,16 +81,22 @@ __all__ = [
     "cumulative_survival",
     "ece_noise_floor",
     "expected_calibration_error",
+    "fit_platt",
     "fit_sts",
     "format_table",
+    "load_biases",
     "load_temperatures",
-    "save_temperatures",
+    "save_calibration",
     "split_by_request",
     "sts_grid",
 ]
 
 CALIBRATION_FILE = "calibration.json"
-FORMAT = "dspark-sts-v1"
+FORMAT = "dspark-calibration-v2"
+FORMAT_V1 = "dspark-sts-v1"  # temperatures only; still read
+METHODS = ("platt", "sts")
+PLATT_L2 = 1.0
+SCALE_RANGE = (0.125, 8.0)  # 1 / T of a Platt fit, as the STS grid's range
 ECE_BINS = 20
 CLAMP_EPS = 1e-8
 TIE_TOL = 1e-12
@@ -233,23 +253,38 @@ def _check_temps(temps, gamma: int) -> np.ndarray:
     return t
 
 
+def _check_biases(biases, gamma: int) -> np.ndarray:
+    """``None`` -> zeros; otherwise ``[gamma]`` finite float64."""
+    if biases is None:
+        return np.zeros(gamma)
+    b = _as_1d("biases", biases)
+    if b.size != gamma or not np.isfinite(b).all():
+        raise ValueError(f"biases must be {gamma} finite values, got {b.tolist()}")
+    return b
+
+
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     """Overflow-free logistic in float64."""
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def cumulative_survival(conf_logits, temperatures=None) -> np.ndarray:
-    """Prefix survival ``a [n, gamma]`` float64: a[:, j-1] = prod_{i <= j} sigmoid(z_i / T_i)."""
-    z = _check_logits(conf_logits)
-    return np.cumprod(_sigmoid(z / _check_temps(temperatures, z.shape[1])), axis=1)
+def _confidences(z: np.ndarray, temperatures, biases) -> np.ndarray:
+    """Calibrated conditional confidences ``c [n, gamma] = sigmoid(z / T + b)`` float64."""
+    gamma = z.shape[1]
+    return _sigmoid(z / _check_temps(temperatures, gamma) + _check_biases(biases, gamma))
 
 
-def calibration_metrics(conf_logits, accepted, temperatures=None, bins: int = ECE_BINS) -> CalibrationMetrics:
+def cumulative_survival(conf_logits, temperatures=None, biases=None) -> np.ndarray:
+    """Prefix survival ``a [n, gamma]`` float64: a[:, j-1] = prod_{i <= j} sigmoid(z_i / T_i + b_i)."""
+    return np.cumprod(_confidences(_check_logits(conf_logits), temperatures, biases), axis=1)
+
+
+def calibration_metrics(conf_logits, accepted, temperatures=None, bins: int = ECE_BINS,
+                        biases=None) -> CalibrationMetrics:
     """Per-position cumulative and conditional metrics of traces ``conf_logits [n, gamma]``, ``accepted [n]``
-    under ``temperatures [gamma]`` (None = raw head)."""
+    under ``temperatures [gamma]`` and ``biases [gamma]`` (None = raw head)."""
     z, acc = _check_traces(conf_logits, accepted)
-    t = _check_temps(temperatures, z.shape[1])
-    c = _sigmoid(z / t)
+    c = _confidences(z, temperatures, biases)
     a = np.cumprod(c, axis=1)
     cum, cond = [], []
     for j in range(1, z.shape[1] + 1):
@@ -294,6 +329,62 @@ def fit_sts(conf_logits, accepted, grid=None, bins: int = ECE_BINS) -> torch.Ten
     return torch.tensor(temps, dtype=torch.float32)
 
 
+# ------------------------------------------------------------------------------------------------ Platt scaling
+def _platt_objective(w: np.ndarray, x: np.ndarray, y: np.ndarray, l2: float) -> float:
+    """Negative log-likelihood of ``y`` under ``sigmoid(w[0] x + w[1])`` plus the prior ``l2/2 |w - (1, 0)|^2``."""
+    u = w[0] * x + w[1]
+    nll = np.logaddexp(0.0, u).sum() - (y * u).sum()  # sum of log(1 + e^u) - y u, overflow-free
+    return float(nll + 0.5 * l2 * ((w[0] - 1.0) ** 2 + w[1] ** 2))
+
+
+def _fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, scale: float | None = None, iters: int = 100
+                  ) -> np.ndarray:
+    """``(scale, bias)`` minimising :func:`_platt_objective` (strictly convex for ``l2 > 0``), or only the bias at a
+    fixed ``scale``: Newton steps halved until the objective does not rise, from the identity ``(1, 0)``."""
+    free = [0, 1] if scale is None else [1]
+    w = np.array([1.0 if scale is None else float(scale), 0.0])
+    f = _platt_objective(w, x, y, l2)
+    for _ in range(iters):
+        p = _sigmoid(w[0] * x + w[1])
+        q = p * (1.0 - p)
+        grad = np.array([((p - y) * x).sum() + l2 * (w[0] - 1.0), (p - y).sum() + l2 * w[1]])[free]
+        hess = np.array([[(q * x * x).sum() + l2, (q * x).sum()], [(q * x).sum(), q.sum() + l2]])[np.ix_(free, free)]
+        step = np.zeros(2)
+        step[free] = np.linalg.solve(hess, grad)
+        t = 1.0
+        while t > 1e-6:
+            cand = w - t * step
+            f_cand = _platt_objective(cand, x, y, l2)
+            if f_cand <= f:
+                break
+            t *= 0.5
+        else:
+            break  # no descent along the Newton direction: at the optimum up to rounding
+        w, f = cand, f_cand
+        if np.abs(t * step).max() < 1e-10:
+            break
+    return w
+
+
+def fit_platt(conf_logits, accepted, l2: float = PLATT_L2) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position Platt scaling: ``(temperatures [gamma], biases [gamma])`` float32 for traces ``conf_logits [n,
+    gamma]``, ``accepted [n]`` (see the module docstring). ``l2 > 0`` is the prior's weight, in rounds' worth of
+    log-likelihood."""
+    z, acc = _check_traces(conf_logits, accepted)
+    if not (isinstance(l2, (int, float)) and math.isfinite(l2) and l2 > 0):
+        raise ValueError(f"l2 must be a positive finite number, got {l2!r}")
+    temps, biases = np.ones(z.shape[1]), np.zeros(z.shape[1])
+    for k in range(z.shape[1]):
+        on_trial = acc >= k
+        x, y = z[on_trial, k], (acc[on_trial] >= k + 1).astype(np.float64)
+        w = _fit_logistic(x, y, float(l2))
+        scale = float(np.clip(w[0], *SCALE_RANGE))
+        if scale != w[0]:  # out of range: the best bias at the nearest allowed scale
+            w = _fit_logistic(x, y, float(l2), scale=scale)
+        temps[k], biases[k] = 1.0 / scale, w[1]
+    return torch.tensor(temps, dtype=torch.float32), torch.tensor(biases, dtype=torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------------- file I/O
 def _resolve(path) -> Path:
     """A drafter directory means its ``calibration.json``; anything else is the file itself."""
@@ -301,28 +392,37 @@ def _resolve(path) -> Path:
     return p / CALIBRATION_FILE if p.is_dir() else p
 
 
-def _validated_temps(temps, where: str) -> list[float]:
-    """A non-empty list of positive finite floats (not bools); ``ValueError`` naming ``where`` otherwise."""
-    if isinstance(temps, (torch.Tensor, np.ndarray)):
-        temps = temps.tolist()
-    if not isinstance(temps, (list, tuple)) or not temps:
-        raise ValueError(f"{where}: temperatures must be a non-empty list, got {temps!r}")
-    for i, t in enumerate(temps):
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-            raise ValueError(f"{where}: temperatures[{i}] = {t!r} is not a positive finite number")
-    return [float(t) for t in temps]
+def _validated_values(values, where: str, name: str, positive: bool) -> list[float]:
+    """A non-empty list of finite floats (not bools), positive ones where ``positive``; ``ValueError`` naming
+    ``where`` and ``name`` otherwise."""
+    if isinstance(values, (torch.Tensor, np.ndarray)):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"{where}: {name} must be a non-empty list, got {values!r}")
+    kind = "positive finite" if positive else "finite"
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (positive and v <= 0):
+            raise ValueError(f"{where}: {name}[{i}] = {v!r} is not a {kind} number")
+    return [float(v) for v in values]
 
 
 def _metrics_dict(m) -> dict | None:
     return m.to_dict() if isinstance(m, CalibrationMetrics) else m
 
 
-def save_temperatures(path, temps, metrics_before=None, metrics_after=None, meta: dict | None = None) -> Path:
-    """Write ``temps [gamma]`` (+ metric tables and settings) as strict JSON; ``path`` is a drafter directory or a
-    file. Returns the file written."""
+def save_calibration(path, temps, biases=None, *, method: str = "platt", metrics_before=None, metrics_after=None,
+                     meta: dict | None = None) -> Path:
+    """Write ``temps [gamma]`` and ``biases [gamma]`` (None = zeros, as STS fits) with the fitting ``method``, the
+    metric tables and the settings as strict JSON; ``path`` is a drafter directory or a file. Returns the file
+    written."""
     out = _resolve(path)
-    values = _validated_temps(temps, str(out))
-    doc = {"format": FORMAT, "gamma": len(values), "temperatures": values,
+    t = _validated_values(temps, str(out), "temperatures", positive=True)
+    b = [0.0] * len(t) if biases is None else _validated_values(biases, str(out), "biases", positive=False)
+    if len(b) != len(t):
+        raise ValueError(f"{out}: {len(b)} biases for {len(t)} temperatures")
+    if method not in METHODS:
+        raise ValueError(f"{out}: method must be one of {METHODS}, got {method!r}")
+    doc = {"format": FORMAT, "method": method, "gamma": len(t), "temperatures": t, "biases": b,
            "metrics_before": _metrics_dict(metrics_before), "metrics_after": _metrics_dict(metrics_after),
            "meta": meta or {}}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -339,30 +439,48 @@ def _read_calibration(path) -> tuple[Path, dict]:
         doc = json.loads(src.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{src}: not valid JSON ({e})") from e
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{src}: not a calibration file (expected a JSON object with format {FORMAT!r})")
+    if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, FORMAT_V1):
+        raise ValueError(f"{src}: not a calibration file (expected a JSON object with format {FORMAT!r} or "
+                         f"{FORMAT_V1!r})")
     return src, doc
 
 
-def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
-    """Read the STS temperatures ``[gamma]`` float32 (the ``position_temperatures`` of ``ops.prefix_survival``).
-
-    ``path``: a drafter directory or the file. ``gamma`` (optional) asks for the first ``gamma`` temperatures: STS fits
-    positions left to right with earlier ones fixed, so a prefix is exactly what a fit at that block size gives.
-    Raises ``FileNotFoundError`` when missing and ``ValueError`` on malformed JSON, a wrong format tag, a length that
-    disagrees with the stored ``gamma``, a requested ``gamma`` above the stored one, or a temperature that is not a
-    positive finite number.
-    """
+def _per_position(path, gamma: int | None, name: str, positive: bool) -> torch.Tensor:
+    """The first ``gamma`` (default all) entries of the file's ``name`` list as ``[gamma]`` float32, checked against
+    the stored gamma."""
     src, doc = _read_calibration(path)
     stored = doc.get("gamma")
     if isinstance(stored, bool) or not isinstance(stored, int) or stored < 1:
         raise ValueError(f"{src}: gamma must be an int >= 1, got {stored!r}")
-    values = _validated_temps(doc.get("temperatures"), str(src))
+    values = _validated_values(doc.get(name), str(src), name, positive)
     if len(values) != stored:
-        raise ValueError(f"{src}: {len(values)} temperatures but gamma = {stored}")
+        raise ValueError(f"{src}: {len(values)} {name} but gamma = {stored}")
     if gamma is not None and not 1 <= gamma <= stored:
         raise ValueError(f"{src}: calibrated for gamma <= {stored}, requested gamma = {gamma}")
     return torch.tensor(values[:gamma], dtype=torch.float32)
+
+
+def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
+    """Read the calibration temperatures ``[gamma]`` float32 (the ``position_temperatures`` of
+    ``ops.prefix_survival``).
+
+    ``path``: a drafter directory or the file. ``gamma`` (optional) asks for the first ``gamma`` temperatures: Platt
+    scaling fits each position on its own and STS fits positions left to right with earlier ones fixed, so a prefix
+    is exactly what a fit at that block size gives. Raises ``FileNotFoundError`` when missing and ``ValueError`` on
+    malformed JSON, a wrong format tag, a length that disagrees with the stored ``gamma``, a requested ``gamma`` above
+    the stored one, or a temperature that is not a positive finite number.
+    """
+    return _per_position(path, gamma, "temperatures", positive=True)
+
+
+def load_biases(path, gamma: int | None = None) -> torch.Tensor | None:
+    """Read the calibration biases ``[gamma]`` float32 (the ``position_biases`` of ``ops.prefix_survival``), or
+    ``None`` for a temperature-only ``dspark-sts-v1`` file. Raises like :func:`load_temperatures`, for a bias that is
+    not a finite number."""
+    _, doc = _read_calibration(path)
+    if doc.get("format") == FORMAT_V1:
+        return None
+    return _per_position(path, gamma, "biases", positive=False)
 
 
 def load_mean_survival(path, gamma: int) -> list[float]:
@@ -426,25 +544,35 @@ def _collect_traces(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Collect traces, fit STS on the fit half, score the eval half before/after; write ``calibration.json``."""
+    """Collect traces, fit the calibration (``args.method``) on the fit half, score the eval half before/after;
+    write ``calibration.json``."""
     res, n_prompts = _collect_traces(args)
     z, acc = res.extra["confidence_logits"].numpy(), res.extra["accepted"].numpy()
     fit, ev = split_by_request(res.extra["trace_request"], n_prompts, args.seed)
-    temps = fit_sts(z[fit], acc[fit], bins=args.bins)
+    if args.method == "platt":
+        temps, biases = fit_platt(z[fit], acc[fit], args.l2)
+    else:
+        temps, biases = fit_sts(z[fit], acc[fit], bins=args.bins), None
     before = calibration_metrics(z[ev], acc[ev], None, args.bins)
-    after = calibration_metrics(z[ev], acc[ev], temps, args.bins)
+    after = calibration_metrics(z[ev], acc[ev], temps, args.bins, biases)
     meta = {"model": str(args.model), "drafter": str(args.drafter), "rollouts": str(args.rollouts),
             "split": "heldout", "gamma": args.gamma, "temperature": args.temperature, "num_prompts": n_prompts,
             "max_new_tokens": args.max_new_tokens, "seed": args.seed, "bins": args.bins,
-            "grid": "2^(i/10), i=-30..30", "fit_rounds": int(fit.sum()), "eval_rounds": int(ev.sum()),
+            "method": args.method, "l2": args.l2 if args.method == "platt" else None,
+            "grid": "2^(i/10), i=-30..30" if args.method == "sts" else None,
+            "fit_rounds": int(fit.sum()), "eval_rounds": int(ev.sum()),
             "tau": res.tau, "device": str(args.device), "draft_vocab": args.draft_vocab}
-    out = save_temperatures(args.drafter, temps, before, after, meta)
+    out = save_calibration(args.drafter, temps, biases, method=args.method, metrics_before=before,
+                           metrics_after=after, meta=meta)
     print(f"rounds: fit {int(fit.sum())}, eval {int(ev.sum())}; tau = {res.tau:.3f}")
     print("temperatures:", " ".join(f"{t:.3f}" for t in temps.tolist()))
+    if biases is not None:
+        print("biases:", " ".join(f"{b:.3f}" for b in biases.tolist()))
     print(format_table(before, after, "cumulative"))
     print(format_table(before, after, "conditional"))
     print(f"mean cumulative ECE (eval): {before.mean_ece():.4f} -> {after.mean_ece():.4f}; wrote {out}")
-    return {"temperatures": temps.tolist(), "before": before, "after": after, "meta": meta}
+    return {"temperatures": temps.tolist(), "biases": None if biases is None else biases.tolist(), "before": before,
+            "after": after, "meta": meta}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -463,6 +591,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="held-out prompts to decode (all of them when fewer); the ECE floor shrinks as 1/sqrt(rounds)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128,
                    help="new tokens per prompt")
+    p.add_argument("--method", choices=METHODS, default="platt",
+                   help="platt: a temperature and a bias per position, by maximum likelihood (default); sts: "
+                        "Sequential Temperature Scaling, a temperature per position minimising the ECE")
+    p.add_argument("--l2", type=positive_float, default=PLATT_L2,
+                   help="platt: weight of the prior that pulls each position's fit to the identity")
     p.add_argument("--bins", type=positive_int, default=ECE_BINS,
                    help="bins of the expected calibration error")
     p.add_argument("--seed", type=int, default=0, help="seed of the 50/50 request split")
