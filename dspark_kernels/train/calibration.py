@@ -445,10 +445,9 @@ def _read_calibration(path) -> tuple[Path, dict]:
     return src, doc
 
 
-def _per_position(path, gamma: int | None, name: str, positive: bool) -> torch.Tensor:
-    """The first ``gamma`` (default all) entries of the file's ``name`` list as ``[gamma]`` float32, checked against
-    the stored gamma."""
-    src, doc = _read_calibration(path)
+def _per_position(src: Path, doc: dict, gamma: int | None, name: str, positive: bool) -> torch.Tensor:
+    """The first ``gamma`` (default all) entries of the ``name`` list of ``doc`` (the file ``src``, as
+    :func:`_read_calibration` returns them) as ``[gamma]`` float32, checked against the stored gamma."""
     stored = doc.get("gamma")
     if isinstance(stored, bool) or not isinstance(stored, int) or stored < 1:
         raise ValueError(f"{src}: gamma must be an int >= 1, got {stored!r}")
@@ -470,17 +469,17 @@ def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
     malformed JSON, a wrong format tag, a length that disagrees with the stored ``gamma``, a requested ``gamma`` above
     the stored one, or a temperature that is not a positive finite number.
     """
-    return _per_position(path, gamma, "temperatures", positive=True)
+    return _per_position(*_read_calibration(path), gamma, "temperatures", positive=True)
 
 
 def load_biases(path, gamma: int | None = None) -> torch.Tensor | None:
     """Read the calibration biases ``[gamma]`` float32 (the ``position_biases`` of ``ops.prefix_survival``), or
     ``None`` for a temperature-only ``dspark-sts-v1`` file. Raises like :func:`load_temperatures`, for a bias that is
     not a finite number."""
-    _, doc = _read_calibration(path)
+    src, doc = _read_calibration(path)
     if doc.get("format") == FORMAT_V1:
         return None
-    return _per_position(path, gamma, "biases", positive=False)
+    return _per_position(src, doc, gamma, "biases", positive=False)
 
 
 def load_mean_survival(path, gamma: int) -> list[float]:
