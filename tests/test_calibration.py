@@ -21,6 +21,7 @@ import torch
 from dspark_kernels.ops.survival import prefix_survival
 from dspark_kernels.train import calibration as cal
 from dspark_kernels.train.calibration import (
+    DrafterCalibration,
     auroc,
     brier_score,
     calibration_metrics,
@@ -30,6 +31,7 @@ from dspark_kernels.train.calibration import (
     fit_platt,
     fit_sts,
     load_biases,
+    load_calibration,
     load_mean_survival,
     load_temperatures,
     save_calibration,
@@ -339,6 +341,27 @@ def test_mean_survival_prior_of_the_shipped_drafter_and_bad_tables(tmp_path):
         load_mean_survival(_write(tmp_path, doc), 3)
     with pytest.raises(ValueError, match="metrics_after.cumulative"):
         load_mean_survival(_write(tmp_path, {**doc, "metrics_after": None}), 1)
+
+
+def test_load_calibration_reads_what_the_three_loaders_read(tmp_path):
+    shipped = Path(__file__).resolve().parents[1] / "dspark_kernels/assets/drafters/smollm2-135m-instruct/dspark"
+    cal = load_calibration(shipped, 5)
+    assert torch.equal(cal.temperatures, load_temperatures(shipped, 5))
+    assert torch.equal(cal.biases, load_biases(shipped, 5))
+    assert cal.prior_survival == load_mean_survival(shipped, 5)
+    assert cal.policy_args() == (cal.temperatures, cal.prior_survival, cal.biases)
+    rows = [{"position": j + 1, "mean_pred": 0.5 ** (j + 1)} for j in range(2)]
+    v1 = _write(tmp_path, {"format": "dspark-sts-v1", "gamma": 2, "temperatures": [1.5, 0.5],
+                           "metrics_after": {"cumulative": rows}})
+    cal = load_calibration(v1, 2)
+    assert cal.temperatures.tolist() == [1.5, 0.5] and cal.biases is None and cal.prior_survival == [0.5, 0.25]
+    assert DrafterCalibration().policy_args() == (None, None, None)
+    with pytest.raises(ValueError, match="calibrated for gamma <= 2, requested gamma = 3"):
+        load_calibration(v1, 3)
+    with pytest.raises(ValueError, match="at least 2 positions"):
+        load_calibration(_write(tmp_path, {**json.loads(v1.read_text()), "metrics_after": None}), 2)
+    with pytest.raises(FileNotFoundError, match="calibration file missing"):
+        load_calibration(tmp_path / "elsewhere", 2)
 
 
 def test_missing_file_wrong_gamma_and_bad_save(tmp_path):

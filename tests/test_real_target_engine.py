@@ -14,7 +14,7 @@ from dspark_kernels.engine.sps import SPSProfile
 from dspark_kernels.models import generate, load_model
 from dspark_kernels.models.registry import shipped_drafter
 from dspark_kernels.models.target_tokenizer import load_target_tokenizer
-from dspark_kernels.train.calibration import load_mean_survival, load_temperatures
+from dspark_kernels.train.calibration import load_calibration
 from tests.lossless import assert_follows_marginals, exact_marginals
 
 MODEL = "smollm2-135m-instruct"
@@ -49,9 +49,10 @@ def make_engine(target, drafters, policy: str, max_batch: int) -> Engine:
     path = shipped_drafter(MODEL, "dspark")
     baselines = {"none": (NullDrafter(), 1), "mtp1": (drafters["mtp1"], 1)}
     drafter, gamma = baselines.get(policy, (drafters["dspark"], GAMMA))
-    return Engine(target, drafter, make_policy(policy, load_temperatures(path, GAMMA), load_mean_survival(path, GAMMA)),
-                  modelled(max_batch * (GAMMA + 1), 12.0), gamma, max_batch=max_batch, max_seq_len=96,
-                  draft_profile=modelled(max_batch, 40.0), narrow_draft_profile=modelled(max_batch, 80.0))
+    scheduler = make_policy(policy, *load_calibration(path, GAMMA).policy_args())
+    return Engine(target, drafter, scheduler, modelled(max_batch * (GAMMA + 1), 12.0), gamma, max_batch=max_batch,
+                  max_seq_len=96, draft_profile=modelled(max_batch, 40.0),
+                  narrow_draft_profile=modelled(max_batch, 80.0))
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -45,7 +45,6 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +80,7 @@ from ..engine.sps import (
 from ..models import load_model
 from ..models.gemm_dtype import GEMM_DTYPES
 from ..models.registry import shipped_drafter
-from ..train.calibration import load_biases, load_mean_survival, load_temperatures
+from ..train.calibration import DrafterCalibration, load_calibration
 from . import ASSETS, device_record
 
 LIVE_CONCURRENCY = (1, 2, 4, 8)
@@ -137,22 +136,13 @@ def prompts_for(args: argparse.Namespace, n: int, vocab: int, seed: int) -> tupl
     return [[1] + [rng.randrange(4, vocab) for _ in range(args.prompt_len - 1)] for _ in range(n)], "random"
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The drafter's calibration temperatures and biases ``[gamma]`` and held-out mean survival ``[gamma]`` (the
-    draft gate's prior); all ``None`` for an uncalibrated drafter (biases also for a temperature-only file)."""
-
-    temperatures: torch.Tensor | None
-    prior_survival: list[float] | None
-    biases: torch.Tensor | None = None
-
-    @classmethod
-    def of(cls, drafter_dir: Path, gamma: int) -> Calibration:
-        try:
-            return cls(load_temperatures(drafter_dir, gamma), load_mean_survival(drafter_dir, gamma),
-                       load_biases(drafter_dir, gamma))
-        except FileNotFoundError:
-            return cls(None, None)
+def drafter_calibration(drafter_dir: Path, gamma: int) -> DrafterCalibration:
+    """The calibration of ``drafter_dir`` for ``gamma`` drafts; an uncalibrated drafter's (all ``None``) when it has
+    no ``calibration.json``."""
+    try:
+        return load_calibration(drafter_dir, gamma)
+    except FileNotFoundError:
+        return DrafterCalibration()
 
 
 def baseline_drafter(policy: str, args: argparse.Namespace, target, drafter) -> tuple[object, int]:
@@ -211,7 +201,7 @@ def _live_profile(args, device: str, model: str, size: int, measure, spot_check:
     return profile, f"{why}, saved to {profile.save(args.sps_dir)}", stale
 
 
-def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
+def run_live(args, target, drafter, cal: DrafterCalibration) -> tuple[list[dict], SPSProfile, str]:
     # bf16 GEMMs and the batch-invariant attention give other profiles than fp32 GEMMs and the fused attention
     suffix = ("" if args.gemm_dtype == "float32" else f"+{args.gemm_dtype}") + \
         ("+batch-invariant" if args.batch_invariant else "")
@@ -243,7 +233,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
         runs: dict[str, list[dict]] = {}
         for cycle in range(args.repeats):
             for name, (run_drafter, gamma) in list(runners.items())[:: -1 if cycle % 2 else 1]:
-                policy = make_policy(name, cal.temperatures, cal.prior_survival, cal.biases)
+                policy = make_policy(name, *cal.policy_args())
                 eng = Engine(target, run_drafter, policy, profile, gamma, max_batch=c,
                              max_seq_len=max(map(len, prompts)) + max(caps) + args.gamma + 1,
                              draft_profile=draft_profiles[args.gamma] if run_drafter is drafter else None,
@@ -276,7 +266,7 @@ def run_live(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSPr
     return points, profile, where
 
 
-def run_replay(args, target, drafter, cal: Calibration) -> tuple[list[dict], SPSProfile, str]:
+def run_replay(args, target, drafter, cal: DrafterCalibration) -> tuple[list[dict], SPSProfile, str]:
     if args.profile is not None:
         profile, where = read_profile(args.profile), str(args.profile)
     else:
@@ -438,7 +428,7 @@ def write_csv(points: list[dict], path: Path) -> None:
 def run(args: argparse.Namespace) -> dict:
     target = load_model(args.model, gemm_dtype=args.gemm_dtype, batch_invariant=args.batch_invariant)
     drafter = load_drafter(args.drafter, target, gemm_dtype=args.gemm_dtype, draft_vocab=args.draft_vocab)
-    cal = Calibration.of(Path(args.drafter), args.gamma)
+    cal = drafter_calibration(Path(args.drafter), args.gamma)
     runner = run_live if args.mode == "live" else run_replay
     points, profile, where = runner(args, target, drafter, cal)
     data = {

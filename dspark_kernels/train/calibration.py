@@ -74,6 +74,7 @@ from ..models.registry import is_shipped_drafter
 __all__ = [
     "CALIBRATION_FILE",
     "CalibrationMetrics",
+    "DrafterCalibration",
     "PositionMetrics",
     "auroc",
     "brier_score",
@@ -85,6 +86,8 @@ __all__ = [
     "fit_sts",
     "format_table",
     "load_biases",
+    "load_calibration",
+    "load_mean_survival",
     "load_temperatures",
     "save_calibration",
     "split_by_request",
@@ -243,24 +246,16 @@ def _check_traces(conf_logits, accepted) -> tuple[np.ndarray, np.ndarray]:
     return z, acc.astype(np.int64)
 
 
-def _check_temps(temps, gamma: int) -> np.ndarray:
-    """``None`` -> ones; otherwise ``[gamma]`` positive finite float64."""
-    if temps is None:
-        return np.ones(gamma)
-    t = _as_1d("temperatures", temps)
-    if t.size != gamma or not np.isfinite(t).all() or (t <= 0).any():
-        raise ValueError(f"temperatures must be {gamma} positive finite values, got {t.tolist()}")
-    return t
-
-
-def _check_biases(biases, gamma: int) -> np.ndarray:
-    """``None`` -> zeros; otherwise ``[gamma]`` finite float64."""
-    if biases is None:
-        return np.zeros(gamma)
-    b = _as_1d("biases", biases)
-    if b.size != gamma or not np.isfinite(b).all():
-        raise ValueError(f"biases must be {gamma} finite values, got {b.tolist()}")
-    return b
+def _check_per_position(values, gamma: int, name: str, default: float, positive: bool) -> np.ndarray:
+    """``None`` -> ``[gamma]`` filled with ``default``; otherwise ``[gamma]`` finite float64, positive where
+    ``positive``; ``ValueError`` naming ``name`` otherwise."""
+    if values is None:
+        return np.full(gamma, default)
+    v = _as_1d(name, values)
+    if v.size != gamma or not np.isfinite(v).all() or (positive and (v <= 0).any()):
+        kind = "positive finite" if positive else "finite"
+        raise ValueError(f"{name} must be {gamma} {kind} values, got {v.tolist()}")
+    return v
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -271,7 +266,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 def _confidences(z: np.ndarray, temperatures, biases) -> np.ndarray:
     """Calibrated conditional confidences ``c [n, gamma] = sigmoid(z / T + b)`` float64."""
     gamma = z.shape[1]
-    return _sigmoid(z / _check_temps(temperatures, gamma) + _check_biases(biases, gamma))
+    return _sigmoid(z / _check_per_position(temperatures, gamma, "temperatures", 1.0, positive=True)
+                    + _check_per_position(biases, gamma, "biases", 0.0, positive=False))
 
 
 def cumulative_survival(conf_logits, temperatures=None, biases=None) -> np.ndarray:
@@ -316,7 +312,7 @@ def fit_sts(conf_logits, accepted, grid=None, bins: int = ECE_BINS) -> torch.Ten
     T_1..T_{k-1} fixed (ties: see the module docstring). A position with no rounds keeps T = 1.
     """
     z, acc = _check_traces(conf_logits, accepted)
-    grid = sts_grid() if grid is None else _check_temps(grid, np.size(grid))
+    grid = sts_grid() if grid is None else _check_per_position(grid, np.size(grid), "grid", 1.0, positive=True)
     a_prev = np.ones(z.shape[0])
     temps = np.ones(z.shape[1])
     for k in range(z.shape[1]):
@@ -472,22 +468,18 @@ def load_temperatures(path, gamma: int | None = None) -> torch.Tensor:
     return _per_position(*_read_calibration(path), gamma, "temperatures", positive=True)
 
 
+def _biases(src: Path, doc: dict, gamma: int | None) -> torch.Tensor | None:
+    return None if doc.get("format") == FORMAT_V1 else _per_position(src, doc, gamma, "biases", positive=False)
+
+
 def load_biases(path, gamma: int | None = None) -> torch.Tensor | None:
     """Read the calibration biases ``[gamma]`` float32 (the ``position_biases`` of ``ops.prefix_survival``), or
     ``None`` for a temperature-only ``dspark-sts-v1`` file. Raises like :func:`load_temperatures`, for a bias that is
     not a finite number."""
-    src, doc = _read_calibration(path)
-    if doc.get("format") == FORMAT_V1:
-        return None
-    return _per_position(src, doc, gamma, "biases", positive=False)
+    return _biases(*_read_calibration(path), gamma)
 
 
-def load_mean_survival(path, gamma: int) -> list[float]:
-    """The held-out mean calibrated prefix survival ``[gamma]`` (``metrics_after``'s cumulative ``mean_pred`` at
-    positions 1..gamma): what the draft gate of the scheduled policies starts from before it has drafted
-    (``make_policy(..., prior_survival=)``). Raises like :func:`load_temperatures`, and ``ValueError`` when the file
-    has no such table for ``gamma`` positions or a value outside [0, 1]."""
-    src, doc = _read_calibration(path)
+def _mean_survival(src: Path, doc: dict, gamma: int) -> list[float]:
     after = doc.get("metrics_after")
     rows = after.get("cumulative") if isinstance(after, dict) else None
     if not isinstance(rows, list) or len(rows) < gamma:
@@ -499,7 +491,38 @@ def load_mean_survival(path, gamma: int) -> list[float]:
     return [float(m) for m in means]
 
 
-# ------------------------------------------------------------------------------------------------------------ CLI
+def load_mean_survival(path, gamma: int) -> list[float]:
+    """The held-out mean calibrated prefix survival ``[gamma]`` (``metrics_after``'s cumulative ``mean_pred`` at
+    positions 1..gamma): what the draft gate of the scheduled policies starts from before it has drafted
+    (``make_policy(..., prior_survival=)``). Raises like :func:`load_temperatures`, and ``ValueError`` when the file
+    has no such table for ``gamma`` positions or a value outside [0, 1]."""
+    return _mean_survival(*_read_calibration(path), gamma)
+
+
+@dataclass(frozen=True)
+class DrafterCalibration:
+    """Everything a scheduler reads from a drafter's calibration for blocks of ``gamma`` drafts:
+    ``temperatures [gamma]`` and ``biases [gamma]`` float32 (``biases`` is ``None`` for a temperature-only file) and
+    ``prior_survival [gamma]``, the held-out mean calibrated prefix survival (the draft gate's prior). An
+    uncalibrated drafter is ``DrafterCalibration()``: all ``None``."""
+
+    temperatures: torch.Tensor | None = None
+    biases: torch.Tensor | None = None
+    prior_survival: list[float] | None = None
+
+    def policy_args(self) -> tuple:
+        """``(temperatures, prior_survival, biases)``, the calibration arguments of ``engine.make_policy``."""
+        return self.temperatures, self.prior_survival, self.biases
+
+
+def load_calibration(path, gamma: int) -> DrafterCalibration:
+    """:func:`load_temperatures`, :func:`load_biases` and :func:`load_mean_survival` of ``path`` for ``gamma``
+    drafts, from one read of the file; raises as they do."""
+    src, doc = _read_calibration(path)
+    return DrafterCalibration(_per_position(src, doc, gamma, "temperatures", positive=True), _biases(src, doc, gamma),
+                              _mean_survival(src, doc, gamma))
+
+
 def split_by_request(trace_request, num_requests: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks ``[rounds]`` (fit, eval): a seeded half of the requests fits, the other half evaluates."""
     req = np.asarray(trace_request.cpu() if isinstance(trace_request, torch.Tensor) else trace_request)
