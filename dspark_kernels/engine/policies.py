@@ -661,7 +661,8 @@ def make_policy(name: str, temperatures: torch.Tensor | None = None,
     of the confidence policies (``train.calibration.load_temperatures`` / ``load_biases``);
     ``prior_survival [>= gamma]``: the drafter's held-out mean calibrated survival per position
     (``train.calibration.load_mean_survival``), the draft gate's starting point (DSpark policies only; without it
-    the gate drafts its first round to measure)."""
+    the gate drafts its first round to measure). ``train.calibration.load_calibration(path, gamma).policy_args()``
+    gives all three from a drafter's ``calibration.json``."""
     if name == "none":
         return FixedK(0, "none")
     if name == "mtp1":
