@@ -523,6 +523,7 @@ def load_calibration(path, gamma: int) -> DrafterCalibration:
                               _mean_survival(src, doc, gamma))
 
 
+# ------------------------------------------------------------------------------------------------------------ CLI
 def split_by_request(trace_request, num_requests: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Boolean masks ``[rounds]`` (fit, eval): a seeded half of the requests fits, the other half evaluates."""
     req = np.asarray(trace_request.cpu() if isinstance(trace_request, torch.Tensor) else trace_request)
